@@ -1,0 +1,1 @@
+"""Thin Lightning callbacks over modelwright.measure."""

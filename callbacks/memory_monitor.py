@@ -1,0 +1,203 @@
+"""Peak memory over a window of optimizer steps, and where it went on one step: ``mem/*``.
+
+YAML (``trainer.callbacks``)::
+
+    - class_path: callbacks.memory_monitor.MemoryMonitor
+      init_args: {warmup_steps: 2, anatomy: true}
+
+* CUDA: the allocator's peak statistics are reset when the window opens (after ``warmup_steps``);
+  ``mem/peak_allocated_mib`` and ``mem/peak_reserved_mib`` are the peaks since then.
+* Any device: on one optimizer step (``anatomy_step``, default the first after the warm-up) every
+  tensor is attributed by :class:`modelwright.measure.MemoryAnatomy` to parameters, gradients,
+  optimizer state, activations or temporaries; ``mem/<category>_mib`` is the breakdown at that step's
+  peak. The capture spans the whole accumulation cycle and slows that step down, so the step timer
+  leaves it out. On CPU, where there is no allocator peak, ``peak_allocated_mib`` is the capture's
+  peak total.
+* ``mem/process_rss_peak_mib`` is the process's resident-set high-water mark: not a tensor peak
+  (glibc keeps freed pages), logged under its own name only.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from callbacks._glue import log_every, log_scalars
+from modelwright.measure import (
+    AnatomyUnavailable,
+    MemoryAnatomy,
+    StepCycle,
+    peak_memory_mib,
+    process_rss_peak_mib,
+    reset_peak_memory,
+)
+
+
+class MemoryMonitor(Callback):
+    """Peak allocator memory over a window, and the tensor anatomy of one step.
+
+    Args:
+        warmup_steps: optimizer steps before the window opens.
+        measure_steps: steps in the window; ``None``: until the end of the fit.
+        anatomy: capture the anatomy of one step.
+        anatomy_step: the optimizer step (``global_step`` when it starts) to capture; default the
+            first step after the warm-up.
+        log_every_n_steps: how often to log the running peaks; default the Trainer's.
+    """
+
+    def __init__(
+        self,
+        warmup_steps: int = 2,
+        measure_steps: int | None = None,
+        anatomy: bool = True,
+        anatomy_step: int | None = None,
+        log_every_n_steps: int | None = None,
+    ) -> None:
+        super().__init__()
+        if warmup_steps < 0:
+            raise ValueError(f"MemoryMonitor.warmup_steps: must be >= 0, got {warmup_steps}")
+        if measure_steps is not None and measure_steps < 1:
+            raise ValueError(f"MemoryMonitor.measure_steps: must be >= 1 or null, got {measure_steps}")
+        if anatomy_step is not None and anatomy_step < 0:
+            raise ValueError(f"MemoryMonitor.anatomy_step: must be >= 0 or null, got {anatomy_step}")
+        self.warmup_steps = warmup_steps
+        self.measure_steps = measure_steps
+        self.anatomy = anatomy
+        self.anatomy_step = anatomy_step
+        self.log_every_n_steps = log_every_n_steps
+        self.cycle = StepCycle()
+        self.device = torch.device("cpu")
+        self.peak_allocated_mib: float | None = None
+        self.peak_reserved_mib: float | None = None
+        self.anatomy_mib: dict[str, float] | None = None
+        self.anatomy_end_mib: dict[str, float] | None = None
+        self.captured_step: int | None = None
+        self._capture_at: int | None = None
+        self._tracker: MemoryAnatomy | None = None
+        self._every = 1
+
+    # -- the window ------------------------------------------------------------------------------
+
+    def _in_window(self, index: int) -> bool:
+        if index < self.warmup_steps:
+            return False
+        return self.measure_steps is None or index < self.warmup_steps + self.measure_steps
+
+    def perturbs_step(self, step: int) -> bool:
+        """Whether this callback slows optimizer step ``step`` down (the anatomy capture)."""
+        return self.anatomy and self._capture_at is not None and step == self._capture_at
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.device = pl_module.device
+        self.cycle = StepCycle()
+        self._every = log_every(trainer, self.log_every_n_steps)
+        first = trainer.global_step  # not 0 when resuming from a checkpoint
+        self._capture_at = self.anatomy_step if self.anatomy_step is not None else first + self.warmup_steps
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if not self.cycle.begin(trainer.global_step):
+            if self._tracker is not None:  # a later micro-batch of the captured step
+                self._tracker.next_micro_batch()
+            return
+        index = self.cycle.cycles  # 0-based index of the step that begins now
+        if index == self.warmup_steps:
+            reset_peak_memory(self.device)
+        if self.anatomy and self.captured_step is None and trainer.global_step == self._capture_at:
+            self._start_capture(trainer, pl_module)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not self.cycle.end(trainer.global_step):
+            return
+        index = self.cycle.cycles - 1
+        scalars: dict[str, float | None] = {}
+        if self._tracker is not None:
+            self._stop_capture()
+            scalars.update(self._anatomy_scalars())
+        if self._in_window(index):
+            peaks = peak_memory_mib(self.device)
+            if peaks["peak_allocated_mib"] is not None:
+                self.peak_allocated_mib = peaks["peak_allocated_mib"]
+                self.peak_reserved_mib = peaks["peak_reserved_mib"]
+        if scalars or trainer.global_step % self._every == 0:
+            scalars["mem/peak_allocated_mib"] = self.peak_allocated_mib
+            scalars["mem/peak_reserved_mib"] = self.peak_reserved_mib
+            scalars["mem/process_rss_peak_mib"] = process_rss_peak_mib()
+            log_scalars(trainer, scalars)
+
+    # -- the anatomy -----------------------------------------------------------------------------
+
+    def _start_capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        tracker = MemoryAnatomy(self.device)
+        try:
+            tracker.start(pl_module, trainer.optimizers)
+        except AnatomyUnavailable as err:
+            warnings.warn(f"MemoryMonitor: no memory anatomy on this run: {err}", stacklevel=2)
+            self.anatomy = False
+            return
+        self._tracker = tracker
+
+    def _stop_capture(self) -> None:
+        tracker, self._tracker = self._tracker, None
+        if tracker is None:
+            return
+        tracker.stop()
+        self.captured_step = self.cycle.step
+        self.anatomy_mib = tracker.peak_mib()
+        self.anatomy_end_mib = tracker.end_mib()
+        if self.device.type != "cuda" and self.anatomy_mib is not None:
+            self.peak_allocated_mib = self.anatomy_mib["total"]
+
+    def _anatomy_scalars(self) -> dict[str, float | None]:
+        if self.anatomy_mib is None:
+            return {}
+        return {f"mem/{key}_mib": value for key, value in self.anatomy_mib.items() if key != "total"} | {
+            "mem/anatomy_total_mib": self.anatomy_mib["total"]
+        }
+
+    def _abandon_capture(self) -> None:
+        # Leaves no tracker (dispatch mode, hooks) behind when a fit ends inside the captured step.
+        if self._tracker is not None:
+            try:
+                self._tracker.stop()
+            finally:
+                self._tracker = None
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._abandon_capture()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._abandon_capture()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._abandon_capture()
+
+    # -- the record ------------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """The record's ``memory`` figures this callback knows."""
+        return {
+            "peak_allocated_mib": self.peak_allocated_mib,
+            "peak_reserved_mib": self.peak_reserved_mib,
+            "anatomy_step": self.captured_step,
+            "anatomy_mib": self.anatomy_mib,
+            "anatomy_end_mib": self.anatomy_end_mib,
+            "rss_peak_mib": process_rss_peak_mib(),
+            "peak_source": (
+                "cuda-allocator"
+                if self.device.type == "cuda" and self.peak_allocated_mib is not None
+                else "mem-tracker"
+                if self.peak_allocated_mib is not None
+                else None
+            ),
+            "window_warmup_steps": self.warmup_steps,
+        }

@@ -1,0 +1,129 @@
+"""The command line: LightningCLI over :class:`ImageClassifier` and :class:`ImageDataModule`.
+
+To run: ``uv run main.py fit --config configs/amp.yaml`` (``configs/base.yaml`` is always loaded first).
+
+What this adds to a plain LightningCLI, and why:
+
+* ``configs/base.yaml`` is the default config of every subcommand, so experiment files hold only deltas.
+* ``--ckpt_path last`` finds the newest ``last.ckpt`` of the experiment (each config file names its runs
+  with ``trainer.logger.init_args.name``: ``lightning_logs/amp/version_0``).
+* A precision the Trainer changed (``16-mixed`` becomes ``bf16-mixed`` on CPU) is said in a log line.
+* Errors that are the user's to fix are one line on stderr and exit status 2; ``MODELWRIGHT_DEBUG=1``
+  shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_only
+
+from modelwright.data import ImageDataModule
+from modelwright.errors import ConfigError, require
+from modelwright.module import ImageClassifier
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BASE_CONFIG = REPO_ROOT / "configs" / "base.yaml"
+log = logging.getLogger("modelwright")
+
+
+def _logger_init_args(trainer_cfg) -> dict | None:
+    logger = trainer_cfg.get("logger")
+    if logger is None or isinstance(logger, bool) or "init_args" not in logger:
+        return None
+    return logger["init_args"]
+
+
+def find_last_checkpoint(log_root: Path) -> Path:
+    """The newest ``version_*/checkpoints/last.ckpt`` under ``log_root``."""
+    candidates = sorted(log_root.glob("version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
+    if not candidates:
+        raise ConfigError(f"ckpt_path: 'last' but no last.ckpt under {log_root}/version_*/checkpoints")
+    return candidates[-1]
+
+
+class ModelwrightCLI(LightningCLI):
+    """LightningCLI with the project's defaults, input checks, ``last`` resolution and precision report."""
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        sub = self.config.get("subcommand")
+        if not sub:
+            return
+        cfg = self.config[sub]
+        trainer = cfg["trainer"]
+        accumulate = trainer.get("accumulate_grad_batches")
+        require(
+            isinstance(accumulate, int) and accumulate >= 1,
+            f"trainer.accumulate_grad_batches: must be an integer >= 1, got {accumulate}",
+        )
+        init_args = _logger_init_args(trainer)
+        if cfg.get("ckpt_path") == "last" and init_args is not None:
+            root = Path(init_args["save_dir"]) / (init_args.get("name") or "")
+            cfg["ckpt_path"] = str(find_last_checkpoint(root))
+        elif cfg.get("ckpt_path") and not Path(cfg["ckpt_path"]).is_file():
+            raise ConfigError(f"ckpt_path: no checkpoint file at {cfg['ckpt_path']}")
+
+    def after_instantiate_classes(self) -> None:
+        sub = self.config.get("subcommand")
+        if not sub:
+            return
+        requested = str(self.config[sub]["trainer"].get("precision"))
+        actual = str(self.trainer.precision)
+        if requested != actual:
+            _say(
+                f"precision: requested {requested}, running {actual} on {type(self.trainer.accelerator).__name__}; "
+                f"the run is recorded as {actual}"
+            )
+
+
+@rank_zero_only
+def _say(message: str) -> None:
+    log.warning(message)
+
+
+def one_line(err: argparse.ArgumentError) -> str:
+    """Condense jsonargparse's multi-line parse error into ``key: problem; valid: ...``."""
+    text = str(err)
+    match = re.match(r'Parser key "([^"]+)":\s*(.*)', text, re.S)
+    if not match:
+        return " ".join(text.split())
+    key, body = match.groups()
+    given = re.search(r"(?:Given|Got) value:\s*(.+)", body)
+    choices = max(re.findall(r"Literal\[([^\]]*)\]", body), key=len, default=None)
+    if given and choices:
+        return f"{key}: invalid value {given.group(1).strip()!r}; valid: {choices.replace(chr(39), '')}"
+    first = body.strip().splitlines()[0].strip()
+    return f"{key}: {first}"
+
+
+def cli_main(args: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0, or 2 for a configuration error)."""
+    debug = os.environ.get("MODELWRIGHT_DEBUG") == "1"
+    try:
+        ModelwrightCLI(
+            ImageClassifier,
+            ImageDataModule,
+            parser_kwargs={
+                "exit_on_error": False,
+                **{
+                    sub: {"default_config_files": [str(BASE_CONFIG)], "exit_on_error": False}
+                    for sub in ("fit", "validate", "test")
+                },
+            },
+            save_config_kwargs={"overwrite": True},
+            args=args,
+        )
+    except (ConfigError, argparse.ArgumentError) as err:
+        if debug:
+            raise
+        message = one_line(err) if isinstance(err, argparse.ArgumentError) else str(err)
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    return 0

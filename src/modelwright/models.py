@@ -1,0 +1,141 @@
+"""Plain ``nn.Module`` networks for 32×32 images, built by name, and their checkpoint segments.
+
+Each network knows two checkpoint granularities where it has them:
+
+* ``stage``: the large groups of layers that share a resolution (resnet18's ``layer1``..``layer4``);
+* ``block``: the residual / conv / transformer blocks inside them.
+
+:func:`apply_gradient_checkpointing` recomputes those segments in backward with
+``torch.utils.checkpoint`` (``use_reentrant=False``). It replaces each segment's ``forward`` on the
+instance, so parameter names and ``state_dict`` keys stay the same with or without checkpointing.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from torchvision.models import resnet18 as tv_resnet18
+from torchvision.models.vision_transformer import VisionTransformer
+
+from modelwright.errors import ConfigError
+
+ModelName = Literal["resnet18", "smallcnn", "vit"]
+Granularity = Literal["off", "stage", "block"]
+MODEL_NAMES: tuple[str, ...] = ("resnet18", "smallcnn", "vit")
+GRANULARITIES: tuple[str, ...] = ("off", "stage", "block")
+
+
+def resnet18_cifar(num_classes: int = 10) -> nn.Module:
+    """torchvision's resnet18 with the usual 32×32 stem: a 3×3 stride-1 conv and no max-pool."""
+    model = tv_resnet18(weights=None, num_classes=num_classes)
+    model.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
+class ConvBlock(nn.Sequential):
+    """conv3×3 → BatchNorm → ReLU, optionally followed by a 2×2 max-pool."""
+
+    def __init__(self, c_in: int, c_out: int, pool: bool) -> None:
+        layers: list[nn.Module] = [
+            nn.Conv2d(c_in, c_out, kernel_size=3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True),
+        ]
+        if pool:
+            layers.append(nn.MaxPool2d(2))
+        super().__init__(*layers)
+
+
+class SmallCNN(nn.Module):
+    """Six conv layers in three stages (32→16→8→4 pixels), global pooling and a linear head."""
+
+    def __init__(self, num_classes: int = 10, width: int = 32) -> None:
+        super().__init__()
+        w = width
+        self.stages = nn.Sequential(
+            nn.Sequential(ConvBlock(3, w, pool=False), ConvBlock(w, 2 * w, pool=True)),
+            nn.Sequential(ConvBlock(2 * w, 2 * w, pool=False), ConvBlock(2 * w, 4 * w, pool=True)),
+            nn.Sequential(ConvBlock(4 * w, 4 * w, pool=False), ConvBlock(4 * w, 8 * w, pool=True)),
+        )
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * w, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.stages(x))
+
+
+def small_vit(num_classes: int = 10) -> VisionTransformer:
+    """torchvision's VisionTransformer for 32×32 inputs: patch 4 (64 tokens), 6 blocks, width 192.
+
+    Its attention is ``nn.MultiheadAttention`` called with ``need_weights=False``, which runs
+    through ``F.scaled_dot_product_attention``.
+    """
+    return VisionTransformer(
+        image_size=32,
+        patch_size=4,
+        num_layers=6,
+        num_heads=6,
+        hidden_dim=192,
+        mlp_dim=768,
+        num_classes=num_classes,
+    )
+
+
+def build_model(name: str, num_classes: int = 10) -> nn.Module:
+    """Build a network by name (one of :data:`MODEL_NAMES`)."""
+    if name == "resnet18":
+        return resnet18_cifar(num_classes)
+    if name == "smallcnn":
+        return SmallCNN(num_classes)
+    if name == "vit":
+        return small_vit(num_classes)
+    raise ConfigError(f"model.model_name: unknown model {name!r}; valid: {', '.join(MODEL_NAMES)}")
+
+
+def checkpoint_segments(model: nn.Module, granularity: str) -> list[nn.Module]:
+    """The modules that ``granularity`` recomputes in backward (empty for ``off``)."""
+    if granularity == "off":
+        return []
+    if isinstance(model, VisionTransformer):
+        segments = {"block": list(model.encoder.layers)}
+    elif isinstance(model, SmallCNN):
+        segments = {"stage": list(model.stages), "block": [b for s in model.stages for b in s]}
+    elif hasattr(model, "layer4"):  # torchvision ResNet
+        stages = [model.layer1, model.layer2, model.layer3, model.layer4]
+        segments = {"stage": stages, "block": [b for s in stages for b in s]}
+    else:
+        raise ConfigError(f"model.gradient_checkpointing: no checkpoint segments known for {type(model).__name__}")
+    if granularity not in segments:
+        raise ConfigError(
+            f"model.gradient_checkpointing: {type(model).__name__} has no {granularity!r} segments; "
+            f"valid: off, {', '.join(segments)}"
+        )
+    return segments[granularity]
+
+
+class _CheckpointedForward:
+    """A module's original forward, recomputed in backward instead of keeping its activations."""
+
+    def __init__(self, forward) -> None:
+        self.forward = forward
+
+    def __call__(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return self.forward(*args, **kwargs)
+        return checkpoint(self.forward, *args, use_reentrant=False, **kwargs)
+
+
+def apply_gradient_checkpointing(model: nn.Module, granularity: str) -> list[nn.Module]:
+    """Recompute ``granularity``'s segments of ``model`` in backward; returns the segments."""
+    if granularity not in GRANULARITIES:
+        raise ConfigError(
+            f"model.gradient_checkpointing: unknown granularity {granularity!r}; valid: {', '.join(GRANULARITIES)}"
+        )
+    segments = checkpoint_segments(model, granularity)
+    for module in segments:
+        if not isinstance(module.forward, _CheckpointedForward):
+            module.forward = _CheckpointedForward(module.forward)
+    return segments

@@ -1,0 +1,134 @@
+"""The LightningModule ("the system") around a plain network: loss, metrics, optimizer and technique switches.
+
+Each efficiency technique that belongs to the model is one typed argument, so it is one line of YAML
+under ``model:`` (the Trainer's own ``precision`` and ``accumulate_grad_batches`` cover the rest).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics.classification import MulticlassAccuracy
+
+from modelwright.errors import require
+from modelwright.models import apply_gradient_checkpointing, build_model, checkpoint_segments
+
+OptimizerName = Literal["sgd", "adamw"]
+OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
+SchedulerName = Literal["none", "cosine", "onecycle"]
+
+
+class ImageClassifier(pl.LightningModule):
+    """Classifies 3×32×32 images with a network chosen by name.
+
+    Args:
+        model_name: ``resnet18`` (32×32 stem), ``smallcnn`` or ``vit``.
+        num_classes: number of output classes.
+        optimizer: ``sgd`` (with Nesterov momentum) or ``adamw``.
+        lr: peak learning rate.
+        momentum: SGD momentum (ignored by AdamW).
+        weight_decay: decoupled for AdamW, L2 for SGD.
+        optimizer_impl: ``auto`` lets PyTorch choose; ``for-loop``, ``foreach`` or ``fused`` force one.
+        scheduler: learning-rate schedule over the whole fit, stepped per optimizer step.
+        gradient_checkpointing: ``off``, ``stage`` or ``block``: which segments recompute in backward.
+        channels_last: keep weights and inputs in NHWC memory format.
+        compile: compile the network with ``torch.compile``.
+        label_smoothing: cross-entropy label smoothing.
+    """
+
+    def __init__(
+        self,
+        model_name: Literal["resnet18", "smallcnn", "vit"] = "resnet18",
+        num_classes: int = 10,
+        optimizer: OptimizerName = "adamw",
+        lr: float = 2e-3,
+        momentum: float = 0.9,
+        weight_decay: float = 5e-2,
+        optimizer_impl: OptimizerImpl = "auto",
+        scheduler: SchedulerName = "onecycle",
+        gradient_checkpointing: Literal["off", "stage", "block"] = "off",
+        channels_last: bool = False,
+        compile: bool = False,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        require(num_classes >= 2, f"model.num_classes: must be at least 2, got {num_classes}")
+        require(lr > 0, f"model.lr: must be positive, got {lr}")
+        require(weight_decay >= 0, f"model.weight_decay: must be >= 0, got {weight_decay}")
+        require(0 <= momentum < 1, f"model.momentum: must be in [0, 1), got {momentum}")
+        require(0 <= label_smoothing < 1, f"model.label_smoothing: must be in [0, 1), got {label_smoothing}")
+        self.save_hyperparameters()
+        self.net: nn.Module = build_model(model_name, num_classes)
+        # Raises a ConfigError now, at instantiation, for a granularity this network lacks.
+        checkpoint_segments(self.net, gradient_checkpointing)
+        self.train_acc = MulticlassAccuracy(num_classes=num_classes)
+        self.val_acc = MulticlassAccuracy(num_classes=num_classes)
+        self._configured = False
+
+    def configure_model(self) -> None:
+        # Runs once, after the strategy has set up devices and before the optimizer is built;
+        # a sharding strategy's own configure_model (see scale-out) would wrap before compiling.
+        if self._configured:
+            return
+        self._configured = True
+        apply_gradient_checkpointing(self.net, self.hparams.gradient_checkpointing)
+        if self.hparams.channels_last:
+            self.net.to(memory_format=torch.channels_last)
+        if self.hparams.compile:
+            self.net.compile()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.hparams.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.net(x)
+
+    def _shared_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
+        return loss, logits
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss, logits = self._shared_step(batch)
+        self.train_acc(logits, batch[1])
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("train/acc", self.train_acc, on_step=True, on_epoch=False)
+        return loss
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        loss, logits = self._shared_step(batch)
+        self.val_acc(logits, batch[1])
+        self.log("val/loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val/acc", self.val_acc, prog_bar=True)
+
+    def _optimizer_kwargs(self) -> dict:
+        impl = self.hparams.optimizer_impl
+        if impl == "auto":
+            return {}
+        if impl == "fused":
+            return {"fused": True}
+        return {"foreach": impl == "foreach"}
+
+    def configure_optimizers(self):
+        hp = self.hparams
+        params = [p for p in self.parameters() if p.requires_grad]
+        kwargs = self._optimizer_kwargs()
+        if hp.optimizer == "sgd":
+            opt = torch.optim.SGD(
+                params, lr=hp.lr, momentum=hp.momentum, nesterov=hp.momentum > 0,
+                weight_decay=hp.weight_decay, **kwargs,
+            )
+        else:
+            opt = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, **kwargs)
+        if hp.scheduler == "none":
+            return opt
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        if hp.scheduler == "cosine":
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+        else:
+            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=hp.lr, total_steps=total, pct_start=0.25)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
