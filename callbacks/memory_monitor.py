@@ -135,7 +135,7 @@ class MemoryMonitor(Callback):
     # -- the anatomy -----------------------------------------------------------------------------
 
     def _start_capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        tracker = MemoryAnatomy(self.device)
+        tracker = MemoryAnatomy(self.device, explicit_optimizer_update=True)
         try:
             tracker.start(pl_module, trainer.optimizers)
         except AnatomyUnavailable as err:
@@ -143,6 +143,13 @@ class MemoryMonitor(Callback):
             self.anatomy = False
             return
         self._tracker = tracker
+
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        # Lightning runs forward and backward inside optimizer.step(closure); the update starts here.
+        if self._tracker is not None:
+            self._tracker.optimizer_update()
 
     def _stop_capture(self) -> None:
         tracker, self._tracker = self._tracker, None

@@ -21,6 +21,7 @@ import re
 import sys
 from pathlib import Path
 
+import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -48,6 +49,20 @@ def find_last_checkpoint(log_root: Path) -> Path:
     return candidates[-1]
 
 
+def _check_strategy(trainer_cfg) -> None:
+    """Lightning's FSDPStrategy raises a ValueError deep inside on CPU: say what to use instead."""
+    strategy = trainer_cfg.get("strategy")
+    name = strategy if isinstance(strategy, str) else str((strategy or {}).get("class_path", ""))
+    if not (name.startswith("fsdp") or name.endswith("FSDPStrategy")):
+        return
+    accelerator = str(trainer_cfg.get("accelerator"))
+    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
+        raise ConfigError(
+            f"trainer.strategy: {name} needs CUDA GPUs; on CPU use configs/fsdp2.yaml "
+            "(FSDP2 through ModelParallelStrategy), which shards the same way"
+        )
+
+
 class ModelwrightCLI(LightningCLI):
     """LightningCLI with the project's defaults, input checks, ``last`` resolution and precision report."""
 
@@ -63,6 +78,7 @@ class ModelwrightCLI(LightningCLI):
             isinstance(accumulate, int) and accumulate >= 1,
             f"trainer.accumulate_grad_batches: must be an integer >= 1, got {accumulate}",
         )
+        _check_strategy(trainer)
         init_args = _logger_init_args(trainer)
         if cfg.get("ckpt_path") == "last" and init_args is not None:
             root = Path(init_args["save_dir"]) / (init_args.get("name") or "")

@@ -367,12 +367,22 @@ class MemoryAnatomy:
     Calling the same root module again inside one capture (gradient accumulation) needs
     :meth:`next_micro_batch` between the calls.
 
+    Forward and backward may run inside ``optimizer.step(closure)`` (Lightning does this): tensors
+    made inside a module's forward or in backward are activations and temporaries even then. With
+    ``explicit_optimizer_update``, optimizer state is counted only after :meth:`optimizer_update`
+    (call it where the update begins, e.g. Lightning's ``on_before_optimizer_step``), so that the
+    loss computed in the closure is not counted as optimizer state either.
+
     Args:
         device: the device whose memory to report; default: the one with the largest peak.
+        explicit_optimizer_update: see above.
     """
 
-    def __init__(self, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self, device: torch.device | str | None = None, explicit_optimizer_update: bool = False
+    ) -> None:
         self.device = torch.device(device) if device is not None else None
+        self.explicit_optimizer_update = explicit_optimizer_update
         self._tracker = None
         self.peak_bytes: dict[str, int] | None = None
         self.end_bytes: dict[str, int] | None = None
@@ -389,33 +399,24 @@ class MemoryAnatomy:
 
     def start(self, modules: nn.Module | Iterable[nn.Module], optimizers: Iterable[Any] = ()) -> None:
         """Begin tracking; ``modules`` and ``optimizers`` are registered as parameters / optimizer state."""
-        tracker_cls, ref_type, err = _load_mem_tracker()
+        tracker_cls, _, err = _load_mem_tracker()
         if tracker_cls is None:
             raise AnatomyUnavailable(f"torch.distributed._tools.mem_tracker is unavailable: {err}")
         modules = [modules] if isinstance(modules, nn.Module) else list(modules)
         optimizers = [o for o in optimizers if o is not None]
-        category_max: dict[Any, dict[Any, int]] = {}
-
-        class _Tracker(tracker_cls):  # type: ignore[misc, valid-type]
-            # Each category's own maximum: checked whenever the tracker updates its peak.
-            def _update_peak_stats(self, peak_state):  # noqa: ANN001
-                super()._update_peak_stats(peak_state)
-                for dev, snap in self._curr_mem_snap.items():
-                    seen = category_max.setdefault(dev, {})
-                    for key, value in snap.items():
-                        if value > seen.get(key, 0):
-                            seen[key] = value
-
         try:
-            tracker = _Tracker()
+            tracker = _tracker_class(tracker_cls)(self.explicit_optimizer_update)
             tracker.track_external(*modules, *optimizers)
             tracker.__enter__()
         except Exception as err:
             raise AnatomyUnavailable(f"MemTracker failed to start: {type(err).__name__}: {err}") from err
         self._tracker = tracker
-        self._category_max = category_max
-        self._ref_type = ref_type
         self.peak_bytes = self.end_bytes = self.category_max_bytes = None
+
+    def optimizer_update(self) -> None:
+        """Mark that the optimizer's update begins now (with ``explicit_optimizer_update``)."""
+        if self._tracker is not None:
+            self._tracker.update_marked = True
 
     def next_micro_batch(self) -> None:
         """Allow the root module to run forward again in the same capture (gradient accumulation)."""
@@ -438,7 +439,7 @@ class MemoryAnatomy:
             device = max(totals, key=totals.get) if totals else torch.device("cpu")
         self.peak_bytes = self._ours(peak, device)
         self.end_bytes = self._ours(end, device)
-        self.category_max_bytes = self._ours(self._category_max, device)
+        self.category_max_bytes = self._ours(tracker.category_max, device)
         # Categories peak at different moments: the total of this view is the real peak, not their sum.
         self.category_max_bytes["total"] = self.peak_bytes["total"]
         return self.peak_mib()
@@ -476,6 +477,56 @@ class MemoryAnatomy:
 
     def category_max_mib(self) -> dict[str, float] | None:
         return _mib_dict(self.category_max_bytes)
+
+
+_TRACKER_CLASSES: dict[type, type] = {}
+
+
+def _tracker_class(base: type) -> type:
+    """``MemTracker`` plus two things it lacks: per-category maxima, and closure-aware optimizer state.
+
+    Relies on private members of PyTorch's tracker (``_update_peak_stats``, ``_curr_mem_snap``,
+    ``_in_opt``, ``_mod_tracker``); ``tests/test_measure.py`` breaks first if they change.
+    """
+    if base in _TRACKER_CLASSES:
+        return _TRACKER_CLASSES[base]
+
+    class _Tracker(base):  # type: ignore[misc, valid-type]
+        def __init__(self, explicit_update: bool = False) -> None:
+            super().__init__()
+            self.category_max: dict[Any, dict[Any, int]] = {}
+            self.explicit_update = explicit_update
+            self.update_marked = False
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            super()._update_peak_stats(peak_state)
+            for dev, snap in self._curr_mem_snap.items():
+                seen = self.category_max.setdefault(dev, {})
+                for key, value in snap.items():
+                    if value > seen.get(key, 0):
+                        seen[key] = value
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            if not self._in_opt:
+                self.update_marked = False
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            # Inside optimizer.step(): only work outside every module's forward and outside backward is
+            # the update itself (a closure runs forward and backward inside step()).
+            mods = self._mod_tracker
+            if (
+                not mods.is_bw
+                and mods.parents == {"Global"}
+                and (self.update_marked or not self.explicit_update)
+            ):
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            self._in_opt = False
+            try:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            finally:
+                self._in_opt = True
+
+    _TRACKER_CLASSES[base] = _Tracker
+    return _Tracker
 
 
 def _device_entry(snapshots: dict, device: torch.device) -> dict:

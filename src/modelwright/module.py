@@ -22,6 +22,15 @@ OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
 SchedulerName = Literal["none", "cosine", "onecycle"]
 
 
+def shard_per_block(net: nn.Module, mesh) -> None:
+    """FSDP2: shard each block's parameters over ``mesh`` (``fully_shard`` per block, then the rest)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in checkpoint_segments(net, "block"):
+        fully_shard(block, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+
+
 class ImageClassifier(pl.LightningModule):
     """Classifies 3×32×32 images with a network chosen by name.
 
@@ -70,14 +79,15 @@ class ImageClassifier(pl.LightningModule):
         self._configured = False
 
     def configure_model(self) -> None:
-        # Runs once, after the strategy has set up devices and before the optimizer is built;
-        # a sharding strategy's own configure_model (see scale-out) would wrap before compiling.
+        # Runs once, after the strategy has set up devices and before the optimizer is built.
         if self._configured:
             return
         self._configured = True
         apply_gradient_checkpointing(self.net, self.hparams.gradient_checkpointing)
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
+        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 over the data-parallel mesh
+            shard_per_block(self.net, self.device_mesh["data_parallel"])
         if self.hparams.compile:
             self.net.compile()
 
