@@ -12,10 +12,12 @@ instance, so parameter names and ``state_dict`` keys stay the same with or witho
 
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from typing import Literal
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 from torchvision.models import resnet18 as tv_resnet18
 from torchvision.models.vision_transformer import VisionTransformer
@@ -116,16 +118,38 @@ def checkpoint_segments(model: nn.Module, granularity: str) -> list[nn.Module]:
     return segments[granularity]
 
 
+@contextmanager
+def _batchnorm_stats_frozen(module: nn.Module):
+    """Keep BatchNorm running statistics as they are while a segment is recomputed.
+
+    Without this, every checkpointed BatchNorm would fold the same batch into its running statistics twice
+    (once in forward, once in the recomputation), and evaluation would differ from a run without checkpointing.
+    """
+    norms = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
+    saved = [(m.momentum, m.num_batches_tracked.clone()) for m in norms]
+    for m in norms:
+        m.momentum = 0.0
+    try:
+        yield
+    finally:
+        for m, (momentum, tracked) in zip(norms, saved):
+            m.momentum = momentum
+            m.num_batches_tracked.copy_(tracked)
+
+
 class _CheckpointedForward:
     """A module's original forward, recomputed in backward instead of keeping its activations."""
 
     def __init__(self, forward) -> None:
         self.forward = forward
 
+    def _contexts(self):
+        return nullcontext(), _batchnorm_stats_frozen(self.forward.__self__)
+
     def __call__(self, *args, **kwargs):
         if not torch.is_grad_enabled():
             return self.forward(*args, **kwargs)
-        return checkpoint(self.forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(self.forward, *args, use_reentrant=False, context_fn=self._contexts, **kwargs)
 
 
 def apply_gradient_checkpointing(model: nn.Module, granularity: str) -> list[nn.Module]:

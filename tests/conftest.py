@@ -1,0 +1,42 @@
+"""Shared fixtures. Tests run on CPU; every run writes under tmp_path, never into the working tree."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TINY = [
+    "--data.batch_size", "8",
+    "--data.train_size", "32",
+    "--data.val_size", "16",
+    "--trainer.limit_val_batches", "1",
+    "--trainer.enable_progress_bar", "false",
+    "--trainer.enable_model_summary", "false",
+]
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture
+def subprocess_env() -> dict:
+    """Environment for child processes: the repo's modules importable, one thread per process."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), env.get("PYTHONPATH", "")])
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def fit_args(log_dir: Path, *extra: str) -> list[str]:
+    """``fit`` arguments for a tiny run that logs under ``log_dir``."""
+    return ["fit", *extra, *TINY, "--trainer.logger.init_args.save_dir", str(log_dir)]
+
+
+sys.path.insert(0, str(REPO_ROOT))
