@@ -404,6 +404,8 @@ class MemoryAnatomy:
             raise AnatomyUnavailable(f"torch.distributed._tools.mem_tracker is unavailable: {err}")
         modules = [modules] if isinstance(modules, nn.Module) else list(modules)
         optimizers = [o for o in optimizers if o is not None]
+        # ModTracker warns whenever a module is re-entered by name, which DDP's wrappers do harmlessly.
+        warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
         try:
             tracker = _tracker_class(tracker_cls)(self.explicit_optimizer_update)
             tracker.track_external(*modules, *optimizers)

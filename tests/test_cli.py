@@ -1,0 +1,104 @@
+"""The CLI end to end: every config trains, runs log what they should, bad input fails cleanly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO_ROOT, fit_args
+
+from modelwright.cli import cli_main
+
+CONFIGS = sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml"))
+DISTRIBUTED = {"ddp.yaml", "fsdp2.yaml"}
+GPU_ONLY = {"fsdp.yaml"}
+
+
+def _versions(log_dir: Path) -> list[Path]:
+    return sorted(log_dir.glob("*/version_*"))
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c not in DISTRIBUTED | GPU_ONLY])
+def test_config_trains(config, tmp_path):
+    rc = cli_main(fit_args(tmp_path, "--config", f"configs/{config}", "--trainer.max_steps", "2"))
+    assert rc == 0
+    (version,) = _versions(tmp_path)
+    assert (version / "config.yaml").is_file(), "the resolved config is saved beside the logs"
+    assert list(version.glob("events.out.tfevents.*"))
+    assert (version / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("config", sorted(DISTRIBUTED & set(CONFIGS)))
+def test_distributed_config_trains_on_two_cpu_processes(config, tmp_path, subprocess_env):
+    args = fit_args(tmp_path, "--config", f"configs/{config}", "--trainer.max_steps", "2", "--model.model_name", "smallcnn")
+    proc = subprocess.run(
+        [sys.executable, "main.py", *args], cwd=REPO_ROOT, env=subprocess_env, capture_output=True, text=True, timeout=280
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (version,) = _versions(tmp_path)
+    assert (version / "checkpoints" / "last.ckpt").exists(), "a file, or a folder for a sharded checkpoint"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA, fsdp.yaml is expected to run")
+def test_fsdp_on_cpu_points_to_fsdp2(tmp_path, capsys):
+    assert cli_main(fit_args(tmp_path, "--config", "configs/fsdp.yaml")) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "fsdp2.yaml" in err
+
+
+def test_print_config_shows_the_merged_config(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--config", "configs/amp.yaml", "--print_config"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert "precision: bf16-mixed" in out, "the delta file wins"
+    assert "model_name: resnet18" in out, "base.yaml supplies the rest"
+
+
+def test_precision_change_is_said_and_applied(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="modelwright"):
+        rc = cli_main(fit_args(tmp_path, "--trainer.precision", "16-mixed", "--trainer.max_steps", "1",
+                               "--model.model_name", "smallcnn"))
+    assert rc == 0
+    assert "requested 16-mixed, running bf16-mixed" in caplog.text
+
+
+def test_resume_from_last(tmp_path):
+    common = fit_args(tmp_path, "--model.model_name", "smallcnn", "--trainer.max_epochs", "1")
+    assert cli_main(common) == 0
+    assert cli_main([*common, "--trainer.max_epochs", "2", "--ckpt_path", "last"]) == 0
+    first, second = _versions(tmp_path)
+    resumed = torch.load(second / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert resumed["epoch"] == 1 and resumed["global_step"] == 8, "resumed after epoch 0's 4 steps, ran 4 more"
+
+
+BAD_INPUTS = {
+    "unknown model": (["--model.model_name", "resnet1000"], "model.model_name"),
+    "unknown precision": (["--trainer.precision", "17-mixed"], "trainer.precision"),
+    "accumulate 0": (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches"),
+    "accumulate -1": (["--trainer.accumulate_grad_batches", "-1"], "trainer.accumulate_grad_batches"),
+    "missing config": (["--config", "configs/does-not-exist.yaml"], "does-not-exist.yaml"),
+    "negative batch": (["--data.batch_size", "-8"], "data.batch_size"),
+    "no cifar files": (["--data.dataset", "cifar10", "--data.data_dir", "{tmp}/empty"], "data.data_dir"),
+    "negative lr": (["--model.lr", "-0.1"], "model.lr"),
+    "granularity the model lacks": (["--model.model_name", "vit", "--model.gradient_checkpointing", "stage"],
+                                    "model.gradient_checkpointing"),
+    "unknown key": (["--model.learning_rate", "0.1"], "model.learning_rate"),
+    "wrong type": (["--data.batch_size", "many"], "data.batch_size"),
+    "resume with nothing to resume": (["--ckpt_path", "last"], "ckpt_path"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=list(BAD_INPUTS))
+def test_bad_input_fails_in_one_line(case, tmp_path, capsys):
+    args, key = BAD_INPUTS[case]
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    log_dir = tmp_path / "logs"
+    assert cli_main(fit_args(log_dir, *args, "--trainer.max_steps", "1")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and key in err[0], err
+    assert not _versions(log_dir), "no log version is left behind"

@@ -1,0 +1,63 @@
+"""Data: the synthetic set is deterministic and learnable; CIFAR-10 loads from its real on-disk format."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cifar_fixture import trust_fixture, write_tiny_cifar10
+from conftest import fit_args
+
+from modelwright.cli import cli_main
+from modelwright.data import ImageDataModule, synthetic_images
+from modelwright.errors import ConfigError
+
+
+def test_synthetic_is_deterministic_and_cifar_shaped():
+    x1, y1 = synthetic_images(64, seed=3)
+    x2, y2 = synthetic_images(64, seed=3)
+    assert x1.shape == (64, 3, 32, 32) and x1.dtype == torch.float32
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert not torch.equal(x1, synthetic_images(64, seed=4)[0])
+    assert set(y1.tolist()) <= set(range(10)) and len(set(y1.tolist())) >= 8
+
+
+def test_synthetic_classes_are_separable():
+    # A nearest-class-mean classifier on training images must beat chance (10%) by far on held-out ones.
+    x, y = synthetic_images(2000, seed=0)
+    xv, yv = synthetic_images(500, seed=1)
+    means = torch.stack([x[y == c].mean(0).flatten() for c in range(10)])
+    pred = torch.cdist(xv.flatten(1), means).argmin(1)
+    accuracy = (pred == yv).float().mean().item()
+    assert accuracy > 0.5, accuracy
+
+
+def test_datamodule_sizes_and_batches():
+    dm = ImageDataModule(batch_size=16, train_size=40, val_size=24)
+    dm.setup("fit")
+    train = list(dm.train_dataloader())
+    assert len(train) == 2, "the last partial training batch is dropped"
+    assert sum(len(b[0]) for b in dm.val_dataloader()) == 24
+
+
+def test_cifar10_from_real_file_format(tmp_path, monkeypatch):
+    trust_fixture(monkeypatch, write_tiny_cifar10(tmp_path, per_batch=8))
+    dm = ImageDataModule(dataset="cifar10", data_dir=str(tmp_path), batch_size=4, train_size=100, val_size=5)
+    dm.setup("fit")
+    assert len(dm.train_set) == 40, "five batches of 8, capped by train_size"
+    assert len(dm.val_set) == 5
+    x, y = next(iter(dm.val_dataloader()))
+    assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32
+    assert -3 < x.min() < 0 < x.max() < 3, "normalized with CIFAR-10's mean and std"
+    assert 0 <= int(y.min()) and int(y.max()) < 10
+
+
+def test_cifar10_trains_through_the_cli(tmp_path, monkeypatch):
+    trust_fixture(monkeypatch, write_tiny_cifar10(tmp_path / "data", per_batch=8))
+    args = fit_args(tmp_path / "logs", "--data.dataset", "cifar10", "--data.data_dir", str(tmp_path / "data"),
+                    "--model.model_name", "smallcnn", "--trainer.max_steps", "2")
+    assert cli_main(args) == 0
+
+
+def test_cifar10_missing_files_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="data.data_dir"):
+        ImageDataModule(dataset="cifar10", data_dir=str(tmp_path))
