@@ -22,6 +22,32 @@ OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
 SchedulerName = Literal["none", "cosine", "onecycle"]
 
 
+def build_optimizer(
+    params, *, optimizer: str, lr: float, momentum: float, weight_decay: float, optimizer_impl: str = "auto"
+) -> torch.optim.Optimizer:
+    """SGD (Nesterov momentum when ``momentum > 0``) or AdamW; ``optimizer_impl`` forces for-loop/foreach/fused."""
+    kwargs = {} if optimizer_impl == "auto" else (
+        {"fused": True} if optimizer_impl == "fused" else {"foreach": optimizer_impl == "foreach"}
+    )
+    if optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=lr, momentum=momentum, nesterov=momentum > 0, weight_decay=weight_decay, **kwargs
+        )
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kwargs)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, scheduler: str, *, lr: float, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """The learning-rate schedule over ``total_steps`` optimizer steps (``None`` for ``none``)."""
+    total_steps = max(1, total_steps)
+    if scheduler == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+    if scheduler == "onecycle":
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps, pct_start=0.25)
+    return None
+
+
 def shard_per_block(net: nn.Module, mesh) -> None:
     """FSDP2: shard each block's parameters over ``mesh`` (``fully_shard`` per block, then the rest)."""
     from torch.distributed.fsdp import fully_shard
@@ -115,30 +141,14 @@ class ImageClassifier(pl.LightningModule):
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         self.log("val/acc", self.val_acc, prog_bar=True)
 
-    def _optimizer_kwargs(self) -> dict:
-        impl = self.hparams.optimizer_impl
-        if impl == "auto":
-            return {}
-        if impl == "fused":
-            return {"fused": True}
-        return {"foreach": impl == "foreach"}
-
     def configure_optimizers(self):
         hp = self.hparams
-        params = [p for p in self.parameters() if p.requires_grad]
-        kwargs = self._optimizer_kwargs()
-        if hp.optimizer == "sgd":
-            opt = torch.optim.SGD(
-                params, lr=hp.lr, momentum=hp.momentum, nesterov=hp.momentum > 0,
-                weight_decay=hp.weight_decay, **kwargs,
-            )
-        else:
-            opt = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, **kwargs)
-        if hp.scheduler == "none":
+        opt = build_optimizer(
+            [p for p in self.parameters() if p.requires_grad],
+            optimizer=hp.optimizer, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
+            optimizer_impl=hp.optimizer_impl,
+        )
+        sched = build_scheduler(opt, hp.scheduler, lr=hp.lr, total_steps=int(self.trainer.estimated_stepping_batches))
+        if sched is None:
             return opt
-        total = max(1, int(self.trainer.estimated_stepping_batches))
-        if hp.scheduler == "cosine":
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
-        else:
-            sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=hp.lr, total_steps=total, pct_start=0.25)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
