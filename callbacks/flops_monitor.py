@@ -53,9 +53,7 @@ class FlopsMonitor(Callback):
     ) -> None:
         super().__init__()
         if peak_flops_per_s is not None and peak_flops_per_s <= 0:
-            raise ValueError(
-                f"FlopsMonitor.peak_flops_per_s: must be positive or null, got {peak_flops_per_s}"
-            )
+            raise ValueError(f"FlopsMonitor.peak_flops_per_s: must be positive or null, got {peak_flops_per_s}")
         self.peak_flops_per_s_config = peak_flops_per_s
         self.measure_peak = measure_peak
         self.matmul_size = matmul_size

@@ -31,6 +31,7 @@ from modelwright.measure import (
     AnatomyUnavailable,
     MemoryAnatomy,
     StepCycle,
+    is_compiled,
     peak_memory_mib,
     process_rss_peak_mib,
     reset_peak_memory,
@@ -76,6 +77,7 @@ class MemoryMonitor(Callback):
         self.anatomy_mib: dict[str, float] | None = None
         self.anatomy_end_mib: dict[str, float] | None = None
         self.captured_step: int | None = None
+        self.anatomy_caveat: str | None = None
         self._capture_at: int | None = None
         self._tracker: MemoryAnatomy | None = None
         self._every = 1
@@ -135,6 +137,9 @@ class MemoryMonitor(Callback):
     # -- the anatomy -----------------------------------------------------------------------------
 
     def _start_capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if is_compiled(pl_module):
+            self.anatomy_caveat = "torch.compile: tensors made inside compiled graphs are not counted"
+            warnings.warn(f"MemoryMonitor: {self.anatomy_caveat}", stacklevel=2)
         tracker = MemoryAnatomy(self.device, explicit_optimizer_update=True)
         try:
             tracker.start(pl_module, trainer.optimizers)
@@ -177,9 +182,7 @@ class MemoryMonitor(Callback):
             finally:
                 self._tracker = None
 
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._abandon_capture()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -207,4 +210,5 @@ class MemoryMonitor(Callback):
                 else None
             ),
             "window_warmup_steps": self.warmup_steps,
+            "anatomy_caveat": self.anatomy_caveat,
         }

@@ -30,8 +30,25 @@ from callbacks._glue import batch_size_of, find_callback, log_every, unwrap_net
 from callbacks.flops_monitor import FlopsMonitor
 from callbacks.memory_monitor import MemoryMonitor
 from callbacks.step_timer import StepTimeMonitor
-from modelwright.measure import StepCycle, hardware_info, versions
+from modelwright.measure import (
+    StepCycle,
+    channels_last_applied,
+    error_status,
+    hardware_info,
+    is_compiled,
+    one_line_error,
+    optimizer_impl,
+    versions,
+)
 from modelwright.record import METRIC_KEYS, append_record, new_record, to_jsonable, write_record
+
+# Kept under their old private names for code that imported them from here; use modelwright.measure's.
+_status_of, _one_line, _optimizer_impl, _channels_last = (
+    error_status,
+    one_line_error,
+    optimizer_impl,
+    channels_last_applied,
+)
 
 _STRATEGY_NAMES = {
     "SingleDeviceStrategy": "single_device",
@@ -78,17 +95,17 @@ class RunRecord(Callback):
         self._t0: float | None = None
         self._every = 1
         self._done = False
+        self._run_id: str | None = None
 
     # -- collecting ------------------------------------------------------------------------------
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._t0 = time.perf_counter()
         self._done = False
+        self._run_id = None
         self._history = {}
         self._cycle = StepCycle()
         self._every = log_every(trainer, self.log_every_n_steps)
-        if self.run_id is None:
-            self.run_id = os.environ.get("MODELWRIGHT_RUN_ID") or None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -118,20 +135,20 @@ class RunRecord(Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loss = _scalar(trainer.callback_metrics.get("train/loss"))
         if loss is not None and not math.isfinite(loss):
-            self._finish(
-                trainer, pl_module, "diverged", f"train/loss is {loss} at step {trainer.global_step}"
-            )
+            self._finish(trainer, pl_module, "diverged", f"train/loss is {loss} at step {trainer.global_step}")
+        elif _fault_guard(trainer) is not None and _fault_guard(trainer).diverged:
+            self._finish(trainer, pl_module, "diverged", "stopped by a non-finite training loss")
         else:
             self._finish(trainer, pl_module, "ok", None)
 
-    def on_exception(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
-    ) -> None:
-        self._finish(trainer, pl_module, _status_of(exception), _one_line(exception))
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if trainer.state.fn != "fit":  # a failing validate / test run is not a training run
+            return
+        guard = _fault_guard(trainer)
+        status = "diverged" if guard is not None and guard.diverged else error_status(exception)
+        self._finish(trainer, pl_module, status, one_line_error(exception))
 
-    def _finish(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str, error: str | None
-    ) -> None:
+    def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str, error: str | None) -> None:
         if self._done:
             return
         self._done = True
@@ -145,7 +162,7 @@ class RunRecord(Callback):
             warnings.warn(f"RunRecord: could not write the record of a {status} run: {err}", stacklevel=2)
 
     def _paths(self, trainer: pl.Trainer, run_id: str) -> tuple[Path, Path | None]:
-        log_dir = trainer.log_dir or trainer.default_root_dir
+        log_dir = _log_dir(trainer)
         fill = {"log_dir": log_dir, "run_id": run_id}
         record_path = Path((self.record_path or "{log_dir}/record.json").format(**fill))
         jsonl = Path(self.records_jsonl.format(**fill)) if self.records_jsonl else None
@@ -163,8 +180,9 @@ class RunRecord(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "ok", error: str | None = None
     ) -> dict[str, Any]:
         """The record of this run as it stands (JSON-ready, not yet validated)."""
-        record = new_record(run_id=self.run_id, loop="lightning")
-        self.run_id = record["run_id"]
+        self._run_id = self._run_id or self.run_id or os.environ.get("MODELWRIGHT_RUN_ID") or None
+        record = new_record(run_id=self._run_id, loop="lightning")
+        self._run_id = record["run_id"]
         record["status"], record["error"] = status, error
         config = _resolved_config(trainer, pl_module)
         record["config"] = config
@@ -190,12 +208,32 @@ class RunRecord(Callback):
         net = unwrap_net(pl_module)
         record["memory"]["model_parameters"] = sum(p.numel() for p in net.parameters())
 
-        metrics = {
-            k: _scalar(v) for k, v in trainer.callback_metrics.items() if not k.startswith(("perf/", "mem/"))
-        }
+        metrics = {k: _scalar(v) for k, v in trainer.callback_metrics.items() if not k.startswith(("perf/", "mem/"))}
         record["metrics"] = {**dict.fromkeys(METRIC_KEYS), **metrics}
         record["history"] = {k: list(v) for k, v in self._history.items()}
+        guard = _fault_guard(trainer)
+        if guard is not None:
+            record["faults"] = guard.summary()
         return to_jsonable(record)
+
+
+def _fault_guard(trainer: pl.Trainer) -> Any:
+    """The callback that watches for non-finite losses (``callbacks.fault_tolerance.NonFiniteLossGuard``).
+
+    Duck-typed (a ``diverged`` flag and a ``summary()``), so that this file does not depend on that one.
+    """
+    return next(
+        (cb for cb in trainer.callbacks if isinstance(getattr(cb, "diverged", None), bool) and hasattr(cb, "summary")),
+        None,
+    )
+
+
+def _log_dir(trainer: pl.Trainer) -> str:
+    """``trainer.log_dir`` without its broadcast: this runs on rank 0 alone, where a collective would hang."""
+    logger = trainer.logger
+    if logger is None:
+        return trainer.default_root_dir
+    return getattr(logger, "log_dir", None) or logger.save_dir or trainer.default_root_dir
 
 
 def _scalar(value: Any) -> float | None:
@@ -207,22 +245,6 @@ def _scalar(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         return None
-
-
-def _status_of(exception: BaseException) -> str:
-    if isinstance(exception, KeyboardInterrupt):
-        return "interrupted"
-    if (
-        isinstance(exception, (torch.OutOfMemoryError, MemoryError))
-        or "out of memory" in str(exception).lower()
-    ):
-        return "oom"
-    return "failed"
-
-
-def _one_line(exception: BaseException) -> str:
-    text = str(exception).strip().splitlines()
-    return f"{type(exception).__name__}: {text[0] if text else ''}"[:500].rstrip(": ")
 
 
 def _resolved_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
@@ -244,35 +266,6 @@ def _resolved_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict
     return config
 
 
-def _optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
-    """The optimizer class that ran and its kernel: ``torch.optim.AdamW[foreach]``."""
-    cls = type(optimizer)
-    exported = getattr(torch.optim, cls.__name__, None) is cls
-    name = f"torch.optim.{cls.__name__}" if exported else f"{cls.__module__}.{cls.__qualname__}"
-    defaults = optimizer.defaults
-    if defaults.get("fused"):
-        return f"{name}[fused]"
-    foreach = defaults.get("foreach")
-    if foreach is None:
-        # PyTorch's default: foreach when every parameter is on a GPU, else the per-tensor for-loop.
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        foreach = bool(params) and all(p.device.type == "cuda" for p in params)
-    return f"{name}[{'foreach' if foreach else 'for-loop'}]"
-
-
-def _channels_last(net: torch.nn.Module) -> bool | None:
-    for p in net.parameters():
-        if p.ndim == 4 and p.shape[2:] != (1, 1):
-            return p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
-    return None
-
-
-def _compiled(net: torch.nn.Module) -> bool:
-    return hasattr(net, "_orig_mod") or any(
-        m.__dict__.get("_compiled_call_impl") is not None for m in net.modules()
-    )
-
-
 def _techniques(
     trainer: pl.Trainer, pl_module: pl.LightningModule, config: dict[str, Any], micro: int | None
 ) -> dict[str, Any]:
@@ -283,8 +276,8 @@ def _techniques(
     accumulate = trainer.accumulate_grad_batches
     strategy = type(trainer.strategy).__name__
     optimizers = trainer.optimizers
-    channels_last = _channels_last(net)
-    compiled = _compiled(net)
+    channels_last = channels_last_applied(net)
+    compiled = is_compiled(net)
     checkpointed = sum(1 for m in net.modules() if "forward" in m.__dict__)
     return {
         "model_name": hp.get("model_name"),
@@ -294,7 +287,7 @@ def _techniques(
         "gradient_checkpointing": hp.get("gradient_checkpointing"),
         "checkpointed_segments": checkpointed,
         "optimizer": hp.get("optimizer"),
-        "optimizer_impl": _optimizer_impl(optimizers[0]) if optimizers else None,
+        "optimizer_impl": optimizer_impl(optimizers[0]) if optimizers else None,
         "channels_last": channels_last if channels_last is not None else hp.get("channels_last"),
         "compile": compiled,
         "strategy": _STRATEGY_NAMES.get(strategy, strategy.removesuffix("Strategy").lower()),

@@ -80,9 +80,7 @@ class StepTimeMonitor(Callback):
             if self.micro_batch_size is None:
                 self.micro_batch_size = batch_size_of(batch)
                 if self.micro_batch_size is not None:
-                    self.samples_per_step = (
-                        self.micro_batch_size * trainer.accumulate_grad_batches * trainer.world_size
-                    )
+                    self.samples_per_step = self.micro_batch_size * trainer.accumulate_grad_batches * trainer.world_size
             self.timer.start()
 
     def on_train_batch_end(
@@ -95,7 +93,7 @@ class StepTimeMonitor(Callback):
         measured = self.timer.in_window() and not exclude
         self.timer.stop(exclude=exclude)
         if measured and trainer.global_step % self._every == 0:
-            dt = self.timer.durations_s[-1]  # a CUDA event timer waits for this step here, not every step
+            dt = self.timer.last_s()  # a CUDA event timer waits for this step here, not on every step
             log_scalars(trainer, self._step_scalars(dt))
 
     def _step_scalars(self, dt: float) -> dict[str, float | None]:

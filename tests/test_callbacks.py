@@ -19,11 +19,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from callbacks.flops_monitor import FlopsMonitor
 from callbacks.memory_monitor import MemoryMonitor
-from callbacks.run_record import RunRecord, _status_of
+from callbacks.run_record import RunRecord
 from callbacks.step_timer import StepTimeMonitor
 from modelwright.cli import cli_main
 from modelwright.data import ImageDataModule
-from modelwright.measure import MIB, training_flops
+from modelwright.measure import MIB, error_status, training_flops
 from modelwright.models import build_model
 from modelwright.module import ImageClassifier
 from modelwright.record import read_record, read_records, validate_record
@@ -204,11 +204,24 @@ def test_diverged_run_is_recorded(tmp_path):
     assert record["metrics"]["train/loss"] is None  # written as null
 
 
+def test_run_stopped_by_the_nonfinite_guard_is_diverged(tmp_path):
+    from callbacks.fault_tolerance import NonFiniteLossGuard
+
+    trainer = measured_trainer(tmp_path, max_steps=4)
+    trainer.callbacks.append(NonFiniteLossGuard(on_nonfinite="stop"))
+    with pytest.raises(FloatingPointError):
+        trainer.fit(_Diverging(model_name="smallcnn", scheduler="none"), small_data())
+    record = read_record(Path(trainer.logger.log_dir) / "record.json")
+    assert record["status"] == "diverged" and record["error"]
+    assert record["faults"]["diverged"] is True and record["faults"]["diverged_at_step"] == 2
+
+
 def test_status_of_exceptions():
-    assert _status_of(torch.OutOfMemoryError("CUDA out of memory")) == "oom"
-    assert _status_of(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried... out of memory")) == "oom"
-    assert _status_of(ValueError("bad")) == "failed"
-    assert _status_of(KeyboardInterrupt()) == "interrupted"
+    assert error_status(torch.OutOfMemoryError("CUDA out of memory")) == "oom"
+    assert error_status(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB")) == "oom"
+    assert error_status(MemoryError()) == "oom"
+    assert error_status(ValueError("bad")) == "failed"
+    assert error_status(KeyboardInterrupt()) == "interrupted"
 
 
 def test_base_config_callbacks_through_the_cli(tmp_path, monkeypatch):

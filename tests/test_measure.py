@@ -121,6 +121,43 @@ def test_step_timer_without_measured_steps_reports_none():
         timer.stop()
 
 
+class FakeEvent:
+    """Stands in for torch.cuda.Event: records the fake clock; completes when ``FakeEvent.done`` says so."""
+
+    clock: FakeClock
+    done = True
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t: float | None = None
+
+    def record(self) -> None:
+        self.t = self.clock.now
+
+    def query(self) -> bool:
+        return FakeEvent.done
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.t - self.t) * 1e3  # milliseconds, as CUDA reports
+
+
+def test_cuda_event_timer_reads_events_lazily(monkeypatch):
+    clock = FakeClock()
+    FakeEvent.clock = clock
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    timer = measure.CudaEventTimer(warmup_steps=1)
+    FakeEvent.done = False  # the device is behind: nothing is read inside the loop
+    run_steps(timer, clock, [5.0, 1.0, 2.0])
+    assert len(timer._pending) == 2 and timer._durations_s == []
+    assert timer.durations_s == [pytest.approx(1.0), pytest.approx(2.0)]  # waits here, once
+    FakeEvent.done = True  # the device keeps up: finished steps are collected as they go
+    run_steps(timer, clock, [3.0])
+    assert timer._pending == [] and timer.last_s() == pytest.approx(3.0)
+    assert timer.median_s() == pytest.approx(2.0)
+
+
 def test_step_cycle_groups_micro_batches_by_the_step_counter():
     cycle = StepCycle()
     step, closed = 0, []
@@ -288,6 +325,14 @@ def test_training_flops_ignore_checkpoint_recomputation_and_leave_the_model_alon
     assert all(p.device.type == "cpu" for p in ckpt.parameters())
     assert any("forward" in m.__dict__ for m in ckpt.modules())  # the original keeps its checkpointing
     assert not any("forward" in m.__dict__ for m in copy.modules())
+
+
+def test_training_flops_look_through_torch_compile():
+    x = torch.randn(4, 3, 32, 32)
+    plain, compiled = build_model("smallcnn"), build_model("smallcnn")
+    compiled.compile()  # never called, so nothing is compiled: the meta copy must run eagerly
+    assert measure.is_compiled(compiled) and not measure.is_compiled(plain)
+    assert training_flops(compiled, x) == training_flops(plain, x)
 
 
 def test_compute_dtype_and_mfu():

@@ -39,11 +39,6 @@ from modelwright.record import ANATOMY_CATEGORIES
 MIB = 2**20
 
 
-def to_mib(nbytes: float | int | None) -> float | None:
-    """Bytes to MiB (2**20 bytes), ``None`` stays ``None``."""
-    return None if nbytes is None else nbytes / MIB
-
-
 # --------------------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------------------
@@ -144,10 +139,19 @@ class StepTimer:
     def running(self) -> bool:
         return self._t0 is not None
 
+    def _resolve(self) -> None:
+        """Turn pending measurements into durations (nothing to do for a host clock)."""
+
     @property
     def durations_s(self) -> list[float]:
         """Measured step durations in seconds, in order."""
+        self._resolve()
         return list(self._durations_s)
+
+    def last_s(self) -> float | None:
+        """The latest measured step's duration in seconds."""
+        self._resolve()
+        return self._durations_s[-1] if self._durations_s else None
 
     @property
     def measured_steps(self) -> int:
@@ -175,9 +179,7 @@ class StepTimer:
             return None
         return samples_per_step / med
 
-    def summary(
-        self, steps_per_epoch: int | None = None, samples_per_step: int | None = None
-    ) -> dict[str, Any]:
+    def summary(self, steps_per_epoch: int | None = None, samples_per_step: int | None = None) -> dict[str, Any]:
         """The record's ``timing`` figures (without ``wall_time_s``)."""
         d = self.durations_s
 
@@ -256,6 +258,10 @@ class CudaEventTimer(StepTimer):
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             self._pending.append((self._start_event, end))
+        # Collect steps the device has already finished (a non-blocking query), so few events stay pending.
+        while self._pending and self._pending[0][1].query():
+            start, done = self._pending.pop(0)
+            self._durations_s.append(start.elapsed_time(done) / 1e3)
         self._start_event = None
         self._t0 = None
         return None  # known only once the events complete; see durations_s
@@ -264,13 +270,11 @@ class CudaEventTimer(StepTimer):
         self._start_event = None
         self._t0 = None
 
-    @property
-    def durations_s(self) -> list[float]:
+    def _resolve(self) -> None:
         for start, end in self._pending:
             end.synchronize()
             self._durations_s.append(start.elapsed_time(end) / 1e3)
         self._pending.clear()
-        return list(self._durations_s)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -378,9 +382,7 @@ class MemoryAnatomy:
         explicit_optimizer_update: see above.
     """
 
-    def __init__(
-        self, device: torch.device | str | None = None, explicit_optimizer_update: bool = False
-    ) -> None:
+    def __init__(self, device: torch.device | str | None = None, explicit_optimizer_update: bool = False) -> None:
         self.device = torch.device(device) if device is not None else None
         self.explicit_optimizer_update = explicit_optimizer_update
         self._tracker = None
@@ -515,11 +517,7 @@ def _tracker_class(base: type) -> type:
             # Inside optimizer.step(): only work outside every module's forward and outside backward is
             # the update itself (a closure runs forward and backward inside step()).
             mods = self._mod_tracker
-            if (
-                not mods.is_bw
-                and mods.parents == {"Global"}
-                and (self.update_marked or not self.explicit_update)
-            ):
+            if not mods.is_bw and mods.parents == {"Global"} and (self.update_marked or not self.explicit_update):
                 return super().__torch_dispatch__(func, types, args, kwargs)
             self._in_opt = False
             try:
@@ -529,6 +527,17 @@ def _tracker_class(base: type) -> type:
 
     _TRACKER_CLASSES[base] = _Tracker
     return _Tracker
+
+
+def is_compiled(module: nn.Module) -> bool:
+    """Whether ``module`` (or a submodule) runs through ``torch.compile``.
+
+    A memory anatomy of such a module misses the tensors made inside compiled graphs: they are
+    allocated by generated kernels that PyTorch's tracker does not see.
+    """
+    return hasattr(module, "_orig_mod") or any(
+        m.__dict__.get("_compiled_call_impl") is not None for m in module.modules()
+    )
 
 
 def _device_entry(snapshots: dict, device: torch.device) -> dict:
@@ -749,9 +758,7 @@ def resolve_peak_flops(
     return None, None
 
 
-def mfu(
-    flops_per_step: float | None, step_time_s: float | None, peak_flops_per_s: float | None
-) -> float | None:
+def mfu(flops_per_step: float | None, step_time_s: float | None, peak_flops_per_s: float | None) -> float | None:
     """Model FLOPs utilisation: (FLOPs per step ÷ step time) ÷ peak FLOP/s."""
     if not flops_per_step or not step_time_s or not peak_flops_per_s:
         return None
@@ -830,3 +837,54 @@ def versions() -> dict[str, str | None]:
         "cuda": torch.version.cuda,
         "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
     }
+
+
+# --------------------------------------------------------------------------------------------------
+# Techniques as applied, and how a run ended
+# --------------------------------------------------------------------------------------------------
+
+
+def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
+    """The optimizer class that ran and its kernel: ``torch.optim.AdamW[foreach]`` / ``[for-loop]`` / ``[fused]``."""
+    cls = type(optimizer)
+    exported = getattr(torch.optim, cls.__name__, None) is cls
+    name = f"torch.optim.{cls.__name__}" if exported else f"{cls.__module__}.{cls.__qualname__}"
+    defaults = optimizer.defaults
+    if defaults.get("fused"):
+        return f"{name}[fused]"
+    foreach = defaults.get("foreach")
+    if foreach is None:
+        # PyTorch's default: foreach when every parameter is on a GPU, else the per-tensor for-loop.
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        foreach = bool(params) and all(p.device.type == "cuda" for p in params)
+    return f"{name}[{'foreach' if foreach else 'for-loop'}]"
+
+
+def channels_last_applied(module: nn.Module) -> bool | None:
+    """Whether the first spatial conv weight is in channels_last format; None if none or unreadable (sharded)."""
+    for p in module.parameters():
+        if p.ndim == 4 and p.shape[2:] != (1, 1):
+            try:
+                return p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+            except Exception:
+                return None
+    return None
+
+
+def error_status(exception: BaseException) -> str:
+    """The record status of a run that raised ``exception``: ``interrupted``, ``oom`` or ``failed``."""
+    if isinstance(exception, (KeyboardInterrupt, SystemExit)):  # Ctrl-C; SIGTERM (Lightning's SIGTERMException)
+        return "interrupted"
+    text = str(exception).lower()
+    if isinstance(exception, (torch.OutOfMemoryError, MemoryError)) or any(
+        phrase in text
+        for phrase in ("out of memory", "can't allocate memory")  # CUDA; CPU allocator
+    ):
+        return "oom"
+    return "failed"
+
+
+def one_line_error(exception: BaseException) -> str:
+    """``Type: first line of the message``, at most 500 characters, for the record's ``error``."""
+    text = str(exception).strip().splitlines()
+    return f"{type(exception).__name__}: {text[0] if text else ''}"[:500].rstrip(": ")

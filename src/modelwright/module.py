@@ -6,6 +6,7 @@ under ``model:`` (the Trainer's own ``precision`` and ``accumulate_grad_batches`
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import lightning.pytorch as pl
@@ -39,13 +40,25 @@ def build_optimizer(
 def build_scheduler(
     optimizer: torch.optim.Optimizer, scheduler: str, *, lr: float, total_steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """The learning-rate schedule over ``total_steps`` optimizer steps (``None`` for ``none``)."""
+    """The learning-rate schedule over ``total_steps`` optimizer steps (``None`` for ``none``).
+
+    ``onecycle`` rises linearly from ``lr / 25`` to ``lr`` over the first quarter, then follows a cosine to
+    ``lr / 1e4``; written as a LambdaLR because torch's OneCycleLR divides by zero on runs of a few steps.
+    """
     total_steps = max(1, total_steps)
     if scheduler == "cosine":
         return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
-    if scheduler == "onecycle":
-        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps, pct_start=0.25)
-    return None
+    if scheduler != "onecycle":
+        return None
+    warmup = max(1, round(0.25 * total_steps))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return 1 / 25 + (1 - 1 / 25) * step / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return 1e-4 + (1 - 1e-4) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def shard_per_block(net: nn.Module, mesh) -> None:

@@ -95,9 +95,7 @@ SCHEMA: dict[str, Any] = {
     "config": Field((dict,), "The resolved configuration of the run (LightningCLI's), or {} if none."),
     "techniques": {
         "model_name": Field(_SN, "Network name (models.build_model)."),
-        "precision": Field(
-            _SN, "Precision as actually applied, e.g. bf16-mixed (Lightning may change 16-mixed)."
-        ),
+        "precision": Field(_SN, "Precision as actually applied, e.g. bf16-mixed (Lightning may change 16-mixed)."),
         "precision_requested": Field(_SN, "Precision as configured; null if unknown."),
         "accumulate_grad_batches": Field(_IN, "Micro-batches per optimizer step."),
         "gradient_checkpointing": Field(_SN, "Checkpoint granularity: off, stage or block."),
@@ -142,9 +140,7 @@ SCHEMA: dict[str, Any] = {
         "wall_time_s": _num("Wall-clock time of the whole fit, validation included.", "s"),
     },
     "flops": {
-        "flops_per_step": _num(
-            "Model FLOPs of one optimizer step (forward + backward, no recompute).", "FLOP"
-        ),
+        "flops_per_step": _num("Model FLOPs of one optimizer step (forward + backward, no recompute).", "FLOP"),
         "achieved_flops_per_s": _num("flops_per_step ÷ median step time, per device.", "FLOP/s"),
         "peak_flops_per_s": _num("Peak FLOP/s of one device in the run's compute dtype.", "FLOP/s"),
         "peak_flops_source": Field(_SN, "Where the peak came from.", choices=PEAK_FLOPS_SOURCES),
@@ -156,14 +152,10 @@ SCHEMA: dict[str, Any] = {
             "MiB",
         ),
         "peak_reserved_mib": _num("CUDA max_memory_reserved over the window; null on CPU.", "MiB"),
-        "anatomy_step": Field(
-            _IN, "Optimizer step (global_step) whose anatomy was captured.", "step", nonneg=True
-        ),
+        "anatomy_step": Field(_IN, "Optimizer step (global_step) whose anatomy was captured.", "step", nonneg=True),
         "anatomy_mib": Field((dict, None), "Tensor memory by category at the captured step's peak.", "MiB"),
         "model_parameters": Field(_IN, "Number of model parameters (elements).", "parameters", nonneg=True),
-        "rss_peak_mib": _num(
-            "Process RSS high-water mark (not a tensor peak: allocators keep freed pages).", "MiB"
-        ),
+        "rss_peak_mib": _num("Process RSS high-water mark (not a tensor peak: allocators keep freed pages).", "MiB"),
     },
     "metrics": {key: Field(_FN, f"Final {key} (last logged value).") for key in METRIC_KEYS},
     "history": Field((dict,), "Metric name → [[optimizer step, value], ...] in step order."),
@@ -186,9 +178,7 @@ def _type_names(types: tuple) -> str:
 
 def _check_field(path: str, value: Any, field: Field, errors: list[str]) -> None:
     if not _type_ok(value, field.types):
-        errors.append(
-            f"{path}: expected {_type_names(field.types)}, got {type(value).__name__} {value!r:.60}"
-        )
+        errors.append(f"{path}: expected {_type_names(field.types)}, got {type(value).__name__} {value!r:.60}")
         return
     if field.choices is not None and value not in field.choices:
         errors.append(f"{path}: {value!r} is not one of {list(field.choices)}")
@@ -245,9 +235,7 @@ def validate_record(record: Any) -> list[str]:
                     or not _type_ok(point[0], _I)
                     or not _type_ok(point[1], _FN)
                 ):
-                    errors.append(
-                        f"history.{name}[{i}]: expected [int step, number or null], got {point!r:.60}"
-                    )
+                    errors.append(f"history.{name}[{i}]: expected [int step, number or null], got {point!r:.60}")
                     break
                 if point[0] < last:
                     errors.append(f"history.{name}[{i}]: step {point[0]} after step {last}")

@@ -1,0 +1,151 @@
+"""What the measurement callbacks cost: the default config (resnet18) with them on and off, side by side.
+
+To run: ``uv run benchmarks/callback_overhead.py`` (add ``--steps 20 --repeats 5`` for a tighter figure,
+``--model smallcnn --batch-size 16 --steps 6 --repeats 1`` for a smoke run).
+
+Each repeat trains the same config from ``configs/base.yaml`` twice in this process, once with the
+measurement callbacks (``StepTimeMonitor``, ``MemoryMonitor``, ``FlopsMonitor``, ``RunRecord``) and once
+without, alternating which goes first. A probe callback of its own, present in both runs, times every
+optimizer step as the interval between consecutive ``on_train_batch_start`` calls, so all hooks of a
+step, data loading and logging are inside. Left out: the first ``--warmup`` steps and, with the
+callbacks on, the steps they announce as perturbed (the memory-anatomy capture, the FLOP count).
+The last line printed is the ratio of the median step times, callbacks on ÷ off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `callbacks` package
+
+from callbacks.flops_monitor import FlopsMonitor  # noqa: E402
+from callbacks.memory_monitor import MemoryMonitor  # noqa: E402
+from callbacks.run_record import RunRecord  # noqa: E402
+from callbacks.step_timer import StepTimeMonitor  # noqa: E402
+from modelwright.cli import BASE_CONFIG, ModelwrightCLI  # noqa: E402
+from modelwright.data import ImageDataModule  # noqa: E402
+from modelwright.measure import device_sync, percentile  # noqa: E402
+from modelwright.module import ImageClassifier  # noqa: E402
+
+MEASUREMENT = (StepTimeMonitor, MemoryMonitor, FlopsMonitor, RunRecord)
+
+
+class StepProbe(Callback):
+    """Durations of optimizer steps: from one ``on_train_batch_start`` to the next (accumulation 1).
+
+    The last step has no next start and is not kept (the end-of-epoch checkpoint would land in it).
+    """
+
+    def __init__(self) -> None:
+        self.durations: list[tuple[int, float]] = []  # (global_step, seconds)
+        self._last: tuple[int, float] | None = None
+        self._sync = device_sync(None)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._sync = device_sync(pl_module.device)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._sync()
+        now = time.perf_counter()
+        if self._last is not None:
+            self.durations.append((self._last[0], now - self._last[1]))
+        self._last = (trainer.global_step, now)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._last = None  # an interval across validation is not a step
+
+
+def one_run(args: argparse.Namespace, callbacks_on: bool, log_dir: str) -> list[float]:
+    """Train ``args.steps`` steps of the base config; the kept step times in seconds."""
+    overrides = [
+        f"--trainer.max_steps={args.steps}",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_val_batches=0",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        f"--trainer.logger.init_args.save_dir={log_dir}",
+        f"--trainer.accelerator={args.accelerator}",
+    ]
+    if args.model:
+        overrides.append(f"--model.model_name={args.model}")
+    if args.batch_size:
+        overrides.append(f"--data.batch_size={args.batch_size}")
+    cli = ModelwrightCLI(
+        ImageClassifier,
+        ImageDataModule,
+        run=False,
+        args=overrides,
+        parser_kwargs={"default_config_files": [str(BASE_CONFIG)]},
+        save_config_callback=None,
+    )
+    trainer = cli.trainer
+    if not callbacks_on:
+        trainer.callbacks[:] = [cb for cb in trainer.callbacks if not isinstance(cb, MEASUREMENT)]
+    elif not any(isinstance(cb, StepTimeMonitor) for cb in trainer.callbacks):
+        raise SystemExit("configs/base.yaml switches no measurement callbacks on: nothing to compare")
+    probe = StepProbe()
+    trainer.callbacks.insert(0, probe)
+    trainer.fit(cli.model, cli.datamodule)
+    perturbers = [cb for cb in trainer.callbacks if hasattr(cb, "perturbs_step")]
+    first = probe.durations[0][0] if probe.durations else 0
+    return [
+        dt
+        for step, dt in probe.durations
+        if step - first >= args.warmup and not any(cb.perturbs_step(step) for cb in perturbers)
+    ]
+
+
+def main(argv: list[str] | None = None) -> float:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per run (>= 6)")
+    parser.add_argument("--warmup", type=int, default=3, help="first steps of each run left out")
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs (on, off), interleaved")
+    parser.add_argument("--accelerator", default="auto")
+    parser.add_argument("--model", default=None, help="override model.model_name (default: the base config's)")
+    parser.add_argument("--batch-size", type=int, default=None, help="override data.batch_size")
+    args = parser.parse_args(argv)
+    sys.argv = sys.argv[:1]  # LightningCLI warns when given args while the command line has its own
+    if args.steps < args.warmup + 3:
+        parser.error("--steps must leave at least 3 steps after --warmup")
+
+    times: dict[bool, list[float]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory(prefix="modelwright-overhead-") as log_dir:
+        for r in range(args.repeats):
+            for on in (True, False) if r % 2 == 0 else (False, True):
+                kept = one_run(args, on, log_dir)
+                times[on].extend(kept)
+                label = "on " if on else "off"
+                print(
+                    f"repeat {r + 1}/{args.repeats} callbacks {label}: {len(kept)} steps, "
+                    f"median {statistics.median(kept) * 1e3:.1f} ms",
+                    flush=True,
+                )
+
+    device = "cuda" if torch.cuda.is_available() and args.accelerator in ("auto", "gpu", "cuda") else "cpu"
+    print(
+        f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, "
+        f"steps/run {args.steps}, warm-up {args.warmup}, repeats {args.repeats}"
+    )
+    for on in (False, True):
+        t = times[on]
+        print(
+            f"callbacks {'on ' if on else 'off'}: n={len(t)} median {statistics.median(t) * 1e3:.1f} ms, "
+            f"p90 {percentile(t, 90) * 1e3:.1f} ms"
+        )
+    ratio = statistics.median(times[True]) / statistics.median(times[False])
+    print(f"overhead: {(ratio - 1) * 100:+.2f}% (median step time on/off = {ratio:.4f})")
+    return ratio
+
+
+if __name__ == "__main__":
+    main()
