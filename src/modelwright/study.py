@@ -14,8 +14,8 @@ and the README section.
 
 Robustness:
 
-* a run whose resolved config (and hardware slug) already has an ``ok`` record is skipped, so an
-  interrupted study resumes where it stopped; ``--rerun`` runs everything again;
+* a run whose resolved config (and hardware slug) already has a record is skipped, so an interrupted
+  study resumes where it stopped; ``--retry-failed`` runs the failed ones again, ``--rerun`` everything;
 * a run that crashes or runs out of memory is recorded (status ``failed``/``oom``, its error and the
   tail of its output) and the study goes on;
 * records are appended with one ``O_APPEND`` write each (:func:`modelwright.record.append_record`).
@@ -23,8 +23,13 @@ Robustness:
 Largest batch per memory budget: for each run named in the plan's ``budget.runs``, the measured
 anatomy gives a per-sample part (activations and backward temporaries, which grow with the batch) and
 a fixed part (parameters, gradients, optimizer state, the rest); the largest micro-batch whose
-predicted peak fits ``budget.gib`` is then run once to confirm it. If that run lands over the budget,
-a line through the two measured points gives a second, final prediction.
+predicted peak fits ``budget.gib`` is then run once to confirm it. A run that accumulates is first
+measured at its micro-batch without accumulation (a probe), so that prediction and confirmation share
+one setup. If the confirmation lands over the budget, a line through the two measured points gives a
+second, final prediction.
+
+On a GPU: ``--accelerator cuda --budget-gib 20`` (more steps give steadier times: ``--steps 20
+--warmup-steps 5``); the results go to ``results/cuda-<gpu name>/``, beside the CPU's.
 """
 
 from __future__ import annotations
@@ -59,9 +64,11 @@ MIB_PER_GIB = 1024
 #: Anatomy categories that grow linearly with the micro-batch. Backward temporaries at the peak are
 #: mostly gradients of activations, so they scale with the batch as the activations do.
 SCALES_WITH_BATCH = ("activations", "temporaries")
-#: Statuses that count as "recorded" for resume: rerunning them would give the same answer.
-DONE_STATUSES = ("ok", "oom", "diverged")
-#: Confirmation runs per budget run: the anatomy prediction, then one two-point correction.
+#: Statuses that count as "recorded" for resume. A run the user interrupted is not a result; a failed
+#: or out-of-memory run is (``--retry-failed`` runs those again).
+DONE_STATUSES = ("ok", "oom", "diverged", "failed")
+RETRY_STATUSES = ("failed", "oom")
+#: Confirmation runs per budget run: the anatomy prediction, then one two-point correction if it lands over.
 BUDGET_ATTEMPTS = 2
 PLAN_KEYS = {"model", "warmup_steps", "measured_steps", "repeats", "val_batches", "budget", "runs", "description"}
 ENTRY_KEYS = {"name", "config", "overrides", "accelerators", "vary_batch", "description"}
@@ -110,7 +117,8 @@ def _rel(path: str | os.PathLike) -> str:
     """``path`` relative to the repository root when it lies inside it (records name no machine paths)."""
     p = Path(path)
     try:
-        return Path(os.path.relpath(p.resolve(), REPO_ROOT)).as_posix() if p.resolve().is_relative_to(REPO_ROOT) else str(p)
+        resolved = p.resolve()
+        return Path(os.path.relpath(resolved, REPO_ROOT)).as_posix() if resolved.is_relative_to(REPO_ROOT) else str(p)
     except (OSError, ValueError):
         return str(p)
 
@@ -146,7 +154,9 @@ def load_plan(path: str | os.PathLike) -> Plan:
         if unknown:
             raise ConfigError(f"{key}: unknown key {unknown[0]!r}; valid: {', '.join(sorted(ENTRY_KEYS))}")
         name = item["name"]
-        require(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name) is not None, f"{key}.name: {name!r} is not a plain name")
+        require(
+            re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name) is not None, f"{key}.name: {name!r} is not a plain name"
+        )
         require(name not in {e.name for e in entries}, f"{key}.name: {name!r} appears twice")
         config = item.get("config")
         if config is not None:
@@ -160,7 +170,14 @@ def load_plan(path: str | os.PathLike) -> Plan:
             f"{key}.accelerators: must be a list such as [cuda]",
         )
         entries.append(
-            Entry(name, config, dict(overrides), accelerators, bool(item.get("vary_batch", False)), item.get("description"))
+            Entry(
+                name,
+                config,
+                dict(overrides),
+                accelerators,
+                bool(item.get("vary_batch", False)),
+                item.get("description"),
+            )
         )
     budget = data.get("budget") or {}
     require(isinstance(budget, dict), f"{where}: budget: must be a mapping {{gib, runs}}")
@@ -339,6 +356,11 @@ class RunSpec:
         return (self.kind, self.config_hash, self.repeat)
 
     @property
+    def folder(self) -> str:
+        """The run's folder name under the work directory (logs, output.log, record.json)."""
+        return f"{self.name}-{self.config_hash}-{'b' if self.kind == 'budget' else 'r'}{self.repeat}"
+
+    @property
     def label(self) -> str:
         if self.kind == "budget":
             return f"{self.name} @ batch {get_dotted(self.resolved, 'data.batch_size')} (budget)"
@@ -444,8 +466,16 @@ def command(spec: RunSpec, run_dir: Path) -> list[str]:
     return args
 
 
+def scrub(text: str) -> str:
+    """``text`` without this machine's paths: the repository, the interpreter's prefix, the home folder."""
+    for path, name in ((str(REPO_ROOT), "."), (sys.prefix, "<python>"), (str(Path.home()), "~")):
+        if path and path not in ("/", "."):
+            text = text.replace(path, name)
+    return text
+
+
 def _tail(text: str, lines: int = 20) -> list[str]:
-    return [line.rstrip() for line in text.strip().splitlines()[-lines:]]
+    return [scrub(line.rstrip()) for line in text.strip().splitlines()[-lines:]]
 
 
 _ERROR_LINE = re.compile(r"^(error:|[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b)")
@@ -456,7 +486,7 @@ def error_line(output: str, returncode: int) -> str:
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
     found = next((line for line in reversed(lines) if _ERROR_LINE.match(line)), lines[-1] if lines else "")
     how = f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
-    return f"{how}: {found}"[:500] if found else how
+    return scrub(f"{how}: {found}")[:500] if found else how
 
 
 def classify_failure(output: str, returncode: int) -> str:
@@ -605,6 +635,7 @@ class Study:
         workdir: Path,
         rerun: bool = False,
         run_timeout_s: float | None = None,
+        retry_failed: bool = False,
     ) -> None:
         self.plan = plan
         self.settings = settings
@@ -612,6 +643,7 @@ class Study:
         self.records_path = results_dir / "records.jsonl"
         self.workdir = workdir
         self.rerun = rerun
+        self.retry_failed = retry_failed
         self.run_timeout_s = run_timeout_s
         self.done: dict[tuple[str, str, int], dict] = {}
         self.executed = 0
@@ -624,7 +656,11 @@ class Study:
                     self.done[(study.get("kind", "run"), study["config_hash"], study.get("repeat", 0))] = record
 
     def recorded(self, spec: RunSpec) -> dict | None:
-        return None if self.rerun else self.done.get(spec.key)
+        """The record that makes running ``spec`` again unnecessary, if any."""
+        record = None if self.rerun else self.done.get(spec.key)
+        if record is not None and self.retry_failed and record.get("status") in RETRY_STATUSES:
+            return None
+        return record
 
     def run(self, spec: RunSpec, progress: Progress) -> dict:
         """The spec's record: the existing one if already recorded, else a fresh run's."""
@@ -636,7 +672,7 @@ class Study:
             self.skipped += 1
             return existing
         progress.start(spec.label)
-        run_dir = self.workdir / f"{spec.name}-{spec.config_hash}-{'b' if spec.kind == 'budget' else 'r'}{spec.repeat}"
+        run_dir = self.workdir / spec.folder
         if run_dir.exists():
             shutil.rmtree(run_dir)  # a stale record of an interrupted attempt must not be read back
         run_dir.mkdir(parents=True)
@@ -660,8 +696,12 @@ class Study:
                     elapsed = time.perf_counter() - t0
                     if self.run_timeout_s is not None and elapsed > self.run_timeout_s:
                         timed_out = True
-                        proc.kill()
-                        proc.wait()
+                        proc.terminate()  # SIGTERM first: the run may save its state and exit on its own
+                        try:
+                            proc.wait(timeout=30)
+                        except subprocess.TimeoutExpired:
+                            proc.kill()
+                            proc.wait()
                         break
                     progress.tick(spec.label, elapsed)
                     time.sleep(0.5)
@@ -686,6 +726,8 @@ class Study:
             status = classify_failure(output, returncode) if returncode != 0 else "failed"
             error = error_line(output, returncode) if returncode != 0 else "the run wrote no record"
             record = failure_record(spec, status, error, run_id, self.settings.accelerator)
+        if isinstance(record.get("error"), str):
+            record["error"] = scrub(record["error"])
         if validate_record(record):
             # The child's record does not match the schema: keep the run visible as a failure.
             problem = validate_record(record)[0]
@@ -776,8 +818,15 @@ def _median_record(records: Sequence[dict]) -> dict:
     return ranked[(len(ranked) - 1) // 2]
 
 
-def budget_phase(study: Study, specs: list[RunSpec], entries: list[Entry], progress: Progress, budget_mib: float) -> None:
-    """Predict and confirm the largest micro-batch under ``budget_mib`` for each of the plan's budget runs."""
+def budget_phase(
+    study: Study, specs: list[RunSpec], entries: list[Entry], progress: Progress, budget_mib: float
+) -> None:
+    """Predict and confirm the largest micro-batch under ``budget_mib`` for each of the plan's budget runs.
+
+    The prediction needs a measurement in the confirmation's own setup (one micro-batch per step): the
+    entry's run if it does not accumulate, else a probe run at its micro-batch without accumulation
+    (the anatomy of an accumulating step is no per-micro-batch figure).
+    """
     by_name = {e.name: (i, e) for i, e in enumerate(entries)}
     names = [n for n in study.plan.budget_runs if n in by_name]
     progress.add_runs(len(names))
@@ -794,6 +843,19 @@ def budget_phase(study: Study, specs: list[RunSpec], entries: list[Entry], progr
             continue
         base = _median_record(measured)
         b0 = get_dotted(base, "techniques.micro_batch_size")
+        if get_dotted(base, "techniques.accumulate_grad_batches", 1) != 1:
+            progress.add_runs(1)
+            probe_extra = {
+                "budget_mib": budget_mib,
+                "attempt": 0,
+                "prediction": "probe",
+                "from_run_id": base.get("run_id"),
+            }
+            probe = build_spec(entry, index, study.settings, kind="budget", batch_size=b0, extra=probe_extra)
+            base = study.run(probe, progress)
+            if base.get("status") != "ok" or not get_dotted(base, "memory.anatomy_mib") or not record_peak_mib(base):
+                progress.skipped(f"{name} (budget)", "the probe run measured no anatomy", True)
+                continue
         m0 = record_peak_mib(base)
         prediction = predict_largest_batch(base["memory"]["anatomy_mib"], m0, b0, budget_mib)
         if prediction["batch"] < 1:
@@ -901,6 +963,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-readme", action="store_true", help="leave the README alone")
     p.add_argument("--no-report", action="store_true", help="only run; no table, plots or README")
     p.add_argument("--rerun", action="store_true", help="run again even what is already recorded")
+    p.add_argument("--retry-failed", action="store_true", help="run again the runs recorded as failed or oom")
     p.add_argument("--run-timeout-s", type=float, default=None, help="kill and record a run after this long")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their commands, run nothing")
     return p
@@ -969,15 +1032,21 @@ def run_study(argv: Sequence[str] | None = None) -> int:
     unsupported = [e for e in entries if e.accelerators and device not in e.accelerators]
     runnable = [e for e in entries if e not in unsupported]
     index_of = {e.name: i for i, e in enumerate(plan.entries)}
-    specs = [
-        build_spec(e, index_of[e.name], settings, repeat=r) for e in runnable for r in range(settings.repeats)
-    ]
+    specs = [build_spec(e, index_of[e.name], settings, repeat=r) for e in runnable for r in range(settings.repeats)]
     check_effective_batch(specs, runnable)
     budget_gib = args.budget_gib if args.budget_gib is not None else plan.budget_gib
     require(budget_gib is None or budget_gib > 0, f"--budget-gib: must be positive, got {budget_gib}")
     do_budget = bool(budget_gib) and not args.no_budget and bool(plan.budget_runs)
 
-    study = Study(plan, settings, results_dir, workdir, rerun=args.rerun, run_timeout_s=args.run_timeout_s)
+    study = Study(
+        plan,
+        settings,
+        results_dir,
+        workdir,
+        rerun=args.rerun,
+        run_timeout_s=args.run_timeout_s,
+        retry_failed=args.retry_failed,
+    )
     to_run = sum(1 for s in specs if study.recorded(s) is None)
     say = sys.stderr.write
     say(
@@ -991,7 +1060,8 @@ def run_study(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         for spec in specs:
             state = "recorded" if study.recorded(spec) else "to run"
-            say(f"  {spec.name} r{spec.repeat} [{spec.config_hash}] {state}: python {shlex.join(command(spec, workdir / spec.name))}\n")
+            line = shlex.join(command(spec, workdir / spec.folder))
+            say(f"  {spec.name} r{spec.repeat} [{spec.config_hash}] {state}: python {line}\n")
         return 0
 
     progress = Progress(total=len(specs), to_run=to_run)
@@ -1002,9 +1072,10 @@ def run_study(argv: Sequence[str] | None = None) -> int:
 
     wall_s = time.perf_counter() - t0
     results_dir.mkdir(parents=True, exist_ok=True)
+    given = list(argv if argv is not None else sys.argv[1:])
     summary = {
         "plan": plan.path,
-        "command": "uv run python -m modelwright.study" + (" " + shlex.join(list(argv if argv is not None else sys.argv[1:])) if (argv if argv is not None else sys.argv[1:]) else ""),
+        "command": shlex.join(["uv", "run", "python", "-m", "modelwright.study", *given]),
         "slug": settings.slug,
         "accelerator": settings.accelerator,
         "warmup_steps": settings.warmup_steps,
@@ -1038,6 +1109,9 @@ def run_study(argv: Sequence[str] | None = None) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run_study(argv)
+    except KeyboardInterrupt:
+        print("\ninterrupted: the runs recorded so far are kept; the same command resumes", file=sys.stderr)
+        return 130
     except ConfigError as err:
         if os.environ.get("MODELWRIGHT_DEBUG") == "1":
             raise
