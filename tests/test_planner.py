@@ -165,12 +165,14 @@ def test_compare():
 
 
 def test_cli_prints_markdown(tmp_path):
+    numbers = ["--params", "11173962", "--activation-mib-per-sample", "4", "--step-time-ms", "3000"]
     out = subprocess.run(
-        [sys.executable, "-m", "modelwright.planner", "--devices", "1", "8"],
+        [sys.executable, "-m", "modelwright.planner", *numbers, "--devices", "1", "8"],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
+        cwd=tmp_path,
     ).stdout
     assert "FSDP" in out and "| ZeRO-2 | 8 |" in out
     assert "2026-05" in out
@@ -178,7 +180,22 @@ def test_cli_prints_markdown(tmp_path):
     records.write_text(
         json.dumps(_record(strategy="ddp", world_size=2)) + "\n" + json.dumps(_record()) + "\n"
     )
+    from_record = subprocess.run(
+        [sys.executable, "-m", "modelwright.planner", "--record", str(records), "--devices", "1", "8"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    assert "FSDP" in from_record
     assert "r1" in planner.markdown_tables(spec_from_record(planner.load_record(records)), devices=[1, 8])
+
+
+def test_cli_without_numbers_or_records_says_what_it_needs(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "modelwright.planner"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "--record" in proc.stderr
+
+
 
 
 def test_cli_bad_argument_names_the_flag():

@@ -23,7 +23,6 @@ Conventions and approximations (each function's docstring repeats the one it rel
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -705,39 +704,43 @@ def _record_field(record: Mapping, key: str):
 
 
 def load_record(path: str | Path, run_id: str | None = None) -> dict:
-    """One record from a JSON-lines file.
+    """One record from a JSON-lines file (damaged lines are reported and skipped by ``read_records``).
 
-    Without ``run_id``: the first record with status "ok", loop "lightning", strategy auto (or
-    single-device) and world size 1. With it: the record whose ``run_id`` matches.
+    Without ``run_id``: the study's ``baseline`` run if there is one, else the first record with status
+    "ok", loop "lightning", strategy auto (or single-device) and world size 1. With it: the record whose
+    ``run_id`` matches.
 
     Raises:
         FileNotFoundError: the file does not exist.
         ConfigError: no record matches (the message names the file and the filter).
     """
+    from modelwright.record import read_records
+
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"--record: no such file {str(p)!r}")
-    with p.open() as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"--record: {p}:{number} is not JSON ({err.msg})") from None
-            if run_id is not None:
-                if str(record.get("run_id")) == run_id:
-                    return record
-                continue
-            if (
-                _record_field(record, "status") == "ok"
-                and _record_field(record, "loop") == "lightning"
-                and str(_get(record, "techniques.strategy", "auto")) in ("auto", "single_device")
-                and int(_get(record, "techniques.world_size", 1) or 1) == 1
-            ):
-                return record
-    wanted = f"run_id {run_id!r}" if run_id is not None else "status ok, loop lightning, world_size 1"
-    raise ConfigError(f"--record: no record with {wanted} in {str(p)!r}")
+    records = read_records(p)
+    if run_id is not None:
+        matches = [r for r in records if str(r.get("run_id")) == run_id]
+    else:
+        matches = [
+            r for r in records
+            if _record_field(r, "status") == "ok"
+            and _record_field(r, "loop") == "lightning"
+            and str(_get(r, "techniques.strategy", "auto")) in ("auto", "single_device")
+            and int(_get(r, "techniques.world_size", 1) or 1) == 1
+        ]
+        matches.sort(key=lambda r: _get(r, "study.name") != "baseline")
+    if not matches:
+        wanted = f"run_id {run_id!r}" if run_id is not None else "status ok, loop lightning, world_size 1"
+        raise ConfigError(f"--record: no record with {wanted} in {str(p)!r}")
+    return matches[0]
+
+
+def default_records_file(root: str | Path = "results") -> Path | None:
+    """The first ``results/<hardware>/records.jsonl`` (sorted by name), or None."""
+    found = sorted(Path(root).glob("*/records.jsonl"))
+    return found[0] if found else None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -897,10 +900,6 @@ def markdown_tables(
 # CLI
 # ---------------------------------------------------------------------------------------------------------
 
-# Used when no --record is given: DESIGN.md's CPU facts for resnet18, batch 128, AdamW, fp32.
-_DEFAULT_MICRO_BATCH = 128
-_DEFAULT_ACTIVATION_MIB_PER_SAMPLE = 536 / 128
-_DEFAULT_STEP_TIME_MS = 3500.0
 
 
 def _positive_int(text: str) -> int:
@@ -957,15 +956,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     src.add_argument("--precision", choices=PRECISIONS + tuple(_PRECISION_ALIASES), help="default 32-true")
     src.add_argument("--optimizer", choices=OPTIMIZERS + tuple(_OPTIMIZER_ALIASES), help="default adamw")
-    src.add_argument("--micro-batch-size", type=_positive_int, help=f"default {_DEFAULT_MICRO_BATCH}")
+    src.add_argument("--micro-batch-size", type=_positive_int, help="default: the record's")
     src.add_argument("--accumulate-grad-batches", type=_positive_int, help="default 1")
     src.add_argument(
-        "--activation-mib-per-sample", type=float, help=f"default {_DEFAULT_ACTIVATION_MIB_PER_SAMPLE:g}"
+        "--activation-mib-per-sample", type=float, help="default: the record's"
     )
     src.add_argument(
         "--step-time-ms",
         type=_positive_float,
-        help=f"single-device optimizer step, default {_DEFAULT_STEP_TIME_MS:g}",
+        help="single-device optimizer step; default: the record's",
     )
     src.add_argument("--num-layers", type=_positive_int, help="layers, to size a pipeline boundary")
     scale = p.add_argument_group("scale, network and price")
@@ -1001,17 +1000,19 @@ def _spec_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -
             parser.error(str(err))
         except KeyError as err:
             parser.error(f"--record: {err.args[0]}")
-    else:
+    elif args.params is not None and args.activation_mib_per_sample is not None and args.step_time_ms is not None:
         if args.run_id:
             parser.error("--run-id: needs --record")
-        spec = JobSpec(
-            num_params=RESNET18_CIFAR_PARAMS,
-            micro_batch_size=_DEFAULT_MICRO_BATCH,
-            activation_bytes_per_sample=_DEFAULT_ACTIVATION_MIB_PER_SAMPLE * MIB,
-            step_time_ms=_DEFAULT_STEP_TIME_MS,
-            model_name="resnet18 (CIFAR)",
-            source="DESIGN.md CPU facts, no record",
-        )
+        spec = JobSpec(num_params=args.params, model_name="hypothetical", source="command-line numbers")
+    else:
+        default = default_records_file()
+        if default is None:
+            parser.error(
+                "--record: no results/*/records.jsonl to read; run `python -m modelwright.study` or give "
+                "--record, or --params with --activation-mib-per-sample and --step-time-ms"
+            )
+        args.record = str(default)
+        return _spec_from_args(args, parser)
     overrides = {
         "num_params": args.params,
         "precision": args.precision,
@@ -1025,7 +1026,7 @@ def _spec_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         if args.activation_mib_per_sample < 0:
             parser.error("--activation-mib-per-sample: must be >= 0")
         overrides["activation_bytes_per_sample"] = args.activation_mib_per_sample * MIB
-    if args.params is not None:
+    if args.params is not None and spec.source != "command-line numbers":
         overrides["model_name"] = f"hypothetical, with the activations and step time of {spec.model_name}"
     try:
         return replace(spec, **{k: v for k, v in overrides.items() if v is not None})
