@@ -42,14 +42,6 @@ from modelwright.measure import (
 )
 from modelwright.record import METRIC_KEYS, append_record, new_record, to_jsonable, write_record
 
-# Kept under their old private names for code that imported them from here; use modelwright.measure's.
-_status_of, _one_line, _optimizer_impl, _channels_last = (
-    error_status,
-    one_line_error,
-    optimizer_impl,
-    channels_last_applied,
-)
-
 _STRATEGY_NAMES = {
     "SingleDeviceStrategy": "single_device",
     "DDPStrategy": "ddp",

@@ -12,7 +12,8 @@ on N CPU processes: ``uv run torchrun --nproc_per_node N -m modelwright.accelera
   as they do for ``main.py fit``;
 * the network, loss, metrics and technique switches are :class:`ImageClassifier`'s (``configure_model``
   applies gradient checkpointing, channels_last and compile), the data is :class:`ImageDataModule`'s;
-* the optimizer and schedule are built by :func:`build_optimizer`, which ``ImageClassifier`` uses too;
+* the optimizer and schedule come from ``modelwright.module.build_optimizer`` / ``build_scheduler``, as in
+  ``ImageClassifier.configure_optimizers``;
 * the seed and the order of everything that draws from the global RNG before the first batch match
   LightningCLI's, so a one-process fp32 run reproduces the Lightning run's losses step by step;
 * measurement settings come from the measurement callbacks' ``init_args`` in ``trainer.callbacks``, measured
@@ -31,16 +32,17 @@ import inspect
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-import yaml
 from accelerate import Accelerator
 from accelerate.utils import DistributedDataParallelKwargs
 from jsonargparse import ActionConfigFile
@@ -50,9 +52,10 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser
 from torch import nn
 
+from callbacks.fault_tolerance import GracefulStop, NonFiniteLossError, NonFiniteLossGuard
 from callbacks.flops_monitor import FlopsMonitor
 from callbacks.memory_monitor import MemoryMonitor
-from callbacks.run_record import RunRecord, _channels_last, _compiled, _one_line, _optimizer_impl, _status_of
+from callbacks.run_record import RunRecord
 from callbacks.step_timer import StepTimeMonitor
 from modelwright.cli import BASE_CONFIG, one_line
 from modelwright.data import ImageDataModule
@@ -62,10 +65,15 @@ from modelwright.measure import (
     CudaEventTimer,
     MemoryAnatomy,
     StepTimer,
+    channels_last_applied,
     compute_dtype,
     device_sync,
+    error_status,
     hardware_info,
+    is_compiled,
     mfu,
+    one_line_error,
+    optimizer_impl,
     peak_memory_mib,
     process_rss_peak_mib,
     reset_peak_memory,
@@ -73,7 +81,7 @@ from modelwright.measure import (
     training_flops,
     versions,
 )
-from modelwright.module import ImageClassifier
+from modelwright.module import ImageClassifier, build_optimizer, build_scheduler
 from modelwright.record import METRIC_KEYS, append_record, new_record, to_jsonable, write_record
 
 log = logging.getLogger("modelwright")
@@ -109,41 +117,6 @@ _NO_EFFECT = {
 # --------------------------------------------------------------------------------------------------
 # What the Lightning run would build, built without a Trainer
 # --------------------------------------------------------------------------------------------------
-
-
-def build_optimizer(
-    params: Iterable[nn.Parameter], hparams: Mapping[str, Any], total_steps: int
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler | None]:
-    """The optimizer and per-step learning-rate schedule that ``hparams`` (``ImageClassifier``'s) ask for.
-
-    Args:
-        params: the parameters to optimize (those with ``requires_grad``).
-        hparams: ``optimizer``, ``lr``, ``momentum``, ``weight_decay``, ``optimizer_impl``, ``scheduler``.
-        total_steps: optimizer steps of the whole fit (Lightning's ``estimated_stepping_batches``); the
-            schedule spans them.
-
-    Returns:
-        ``(optimizer, scheduler)``; ``scheduler`` is None for ``scheduler: none`` and is stepped once per
-        optimizer step.
-    """
-    impl = hparams["optimizer_impl"]
-    kwargs = {} if impl == "auto" else {"fused": True} if impl == "fused" else {"foreach": impl == "foreach"}
-    params = list(params)
-    if hparams["optimizer"] == "sgd":
-        momentum = hparams["momentum"]
-        opt = torch.optim.SGD(
-            params, lr=hparams["lr"], momentum=momentum, nesterov=momentum > 0,
-            weight_decay=hparams["weight_decay"], **kwargs,
-        )
-    else:
-        opt = torch.optim.AdamW(params, lr=hparams["lr"], weight_decay=hparams["weight_decay"], **kwargs)
-    scheduler = hparams["scheduler"]
-    if scheduler == "none":
-        return opt, None
-    total = max(1, int(total_steps))
-    if scheduler == "cosine":
-        return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
-    return opt, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=hparams["lr"], total_steps=total, pct_start=0.25)
 
 
 @dataclass(frozen=True)
@@ -424,18 +397,19 @@ def _validate(model, module, loader, num_batches: int, accelerator, cast_dtype) 
     return {"val/loss": _scalar(loss), "val/acc": _scalar(acc)}
 
 
-def train(cfg: Any) -> dict[str, Any]:
-    """Run one fit as configured (a namespace from :func:`build_parser`); returns the run record.
+def train(cfg: Any, parser: Any = None) -> dict[str, Any]:
+    """Run one fit as configured (a namespace from :func:`build_parser`, which ``parser`` is); returns the record.
 
     Rank 0 writes the record (and TensorBoard events, and the resolved ``config.yaml``) under the log
-    directory; every rank returns it. A fit that raises still writes a record (``failed``, ``oom`` or
-    ``interrupted``) before the exception propagates.
+    directory; every rank returns it. A fit that raises still writes a record before the exception
+    propagates: ``diverged`` (``NonFiniteLossError`` from the guard), ``interrupted`` (SIGTERM with
+    ``GracefulStop`` configured: ``SystemExit`` with its exit code, after the current step), ``oom`` or ``failed``.
     """
     t = cfg.trainer
     ddp_kwargs = _check_trainer(t)
     device_type, cpu = _device_type(t.accelerator)
     plan = plan_precision(t.precision, device_type)
-    measure = _MeasureSettings.from_callbacks(t.callbacks, cfg)
+    cbs = _Callbacks.from_config(t.callbacks, cfg)
     log_root, tensorboard = _log_root(t)
 
     # LightningCLI's order: seed, then the model (its initialisation draws from the global RNG), then the data.
@@ -447,21 +421,33 @@ def train(cfg: Any) -> dict[str, Any]:
 
     accelerator = Accelerator(
         cpu=cpu,
+        # ResumableRandomSampler draws each pass's seed from the global torch RNG: the same on every process.
+        rng_types=["torch", "generator"],
         mixed_precision=plan.mixed_precision,
         gradient_accumulation_steps=t.accumulate_grad_batches,
         kwargs_handlers=[DistributedDataParallelKwargs(**ddp_kwargs)] if ddp_kwargs else None,
         log_with="tensorboard" if tensorboard else None,
         project_dir=str(log_root),
     )
-    run = _Run(cfg, plan, measure, accelerator, module, datamodule, log_root)
+    run = _Run(cfg, parser or build_parser(), plan, cbs, accelerator, module, datamodule, log_root)
+    on_sigterm = cbs.stop is not None and threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, run._on_sigterm) if on_sigterm else None
     try:
         run.fit()
     except ConfigError:
         raise
+    except NonFiniteLossError as err:
+        run.finish("diverged", str(err))
+        raise
     except BaseException as err:
-        run.finish(_status_of(err), _one_line(err))
+        if run.sigterm:
+            run.finish("interrupted", f"SIGTERM: stopped at the end of step {run.global_step}")
+        else:
+            run.finish(error_status(err), one_line_error(err))
         raise
     finally:
+        if on_sigterm:
+            signal.signal(signal.SIGTERM, previous)
         accelerator.end_training()
     loss = run.metrics.get("train/loss")
     if loss is not None and not math.isfinite(loss):
@@ -469,23 +455,34 @@ def train(cfg: Any) -> dict[str, Any]:
     return run.finish("ok", None)
 
 
-@dataclass
-class _MeasureSettings:
-    """The measurement callbacks' settings from ``trainer.callbacks`` (an absent callback: not measured)."""
+# Callbacks of trainer.callbacks this loop carries out itself (by class name); others are named in a log line.
+_APPLIED_CALLBACKS = {
+    "StepTimeMonitor", "MemoryMonitor", "FlopsMonitor", "RunRecord", "LearningRateMonitor", "NonFiniteLossGuard",
+    "GracefulStop",
+}
 
-    timer: Any  # StepTimeMonitor or None
-    memory: Any  # MemoryMonitor or None
-    flops: Any  # FlopsMonitor or None
-    record: Any  # RunRecord or None
+
+@dataclass
+class _Callbacks:
+    """What the callbacks in ``trainer.callbacks`` ask for, built by their own constructors (which check their
+    arguments); an absent callback is None: not measured, not guarded."""
+
+    timer: StepTimeMonitor | None
+    memory: MemoryMonitor | None
+    flops: FlopsMonitor | None
+    record: RunRecord | None
+    guard: NonFiniteLossGuard | None
+    stop: GracefulStop | None
     lr_monitor: bool
+    not_applied: list[str]
 
     @classmethod
-    def from_callbacks(cls, callbacks: Any, cfg: Any) -> _MeasureSettings:
+    def from_config(cls, callbacks: Any, cfg: Any) -> _Callbacks:
         def make(klass: type) -> Any:
             args = callback_args(callbacks, klass.__name__)
             if args is None:
                 return None
-            try:  # the callbacks' own constructors check their arguments
+            try:
                 return klass(**args)
             except (TypeError, ValueError) as err:
                 raise ConfigError(f"trainer.callbacks: {err}") from None
@@ -495,21 +492,34 @@ class _MeasureSettings:
             record = record or RunRecord()
             record.record_path = cfg.record or record.record_path
             record.records_jsonl = cfg.records_jsonl or record.records_jsonl
+        names = [str(_get(cb, "class_path") or type(cb).__name__).rsplit(".", 1)[-1] for cb in callbacks or []]
         return cls(
             timer=make(StepTimeMonitor),
             memory=make(MemoryMonitor),
             flops=make(FlopsMonitor),
             record=record,
-            lr_monitor=callback_args(callbacks, "LearningRateMonitor") is not None,
+            guard=make(NonFiniteLossGuard),
+            stop=make(GracefulStop),
+            lr_monitor="LearningRateMonitor" in names,
+            not_applied=sorted({n for n in names if n not in _APPLIED_CALLBACKS}),
         )
 
 
-class _Run:
-    """One fit's state: the prepared objects, the step counter and what is being measured."""
+@dataclass
+class _MicroBatch:
+    finite: torch.Tensor  # bool, on the loss's device: read once per optimizer step
+    loss: torch.Tensor
+    step: int  # optimizer steps before this one (the first step is step 0), as NonFiniteLossGuard names it
+    epoch: int
+    batch_idx: int
 
-    def __init__(self, cfg, plan: PrecisionPlan, measure: _MeasureSettings, accelerator, module, datamodule,
+
+class _Run:
+    """One fit's state: the prepared objects, the step counter, what is measured and what the guards saw."""
+
+    def __init__(self, cfg, parser, plan: PrecisionPlan, cbs: _Callbacks, accelerator, module, datamodule,
                  log_root: Path) -> None:
-        self.cfg, self.plan, self.measure = cfg, plan, measure
+        self.cfg, self.parser, self.plan, self.cbs = cfg, parser, plan, cbs
         self.accelerator, self.module, self.datamodule = accelerator, module, datamodule
         self.t = cfg.trainer
         self.log_root = log_root
@@ -533,6 +543,11 @@ class _Run:
         self._flops_step: int | None = None
         self._loss_tensor: torch.Tensor | None = None
         self._acc_tensor: torch.Tensor | None = None
+        self._pending: list[_MicroBatch] = []
+        self.skipped_at: list[int] = []
+        self.diverged_at_step: int | None = None
+        self.scaler_skipped_steps = 0
+        self.sigterm = False
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -544,8 +559,8 @@ class _Run:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if acc.log_with:
             acc.init_trackers(self.log_dir.name)
-        # What ran, resolved (seed included), like LightningCLI's config.yaml beside the logs.
-        (self.log_dir / "config.yaml").write_text(yaml.safe_dump(to_jsonable(self.cfg), sort_keys=False))
+        # What ran, resolved (seed included), like LightningCLI's config.yaml beside the logs; it reruns with --config.
+        (self.log_dir / "config.yaml").write_text(self.parser.dump(self.cfg))
 
     def fit(self) -> None:
         acc, module, t = self.accelerator, self.module, self.t
@@ -553,6 +568,8 @@ class _Run:
             _say(acc, self.plan.note)
         for item in _not_applied(t):
             _say(acc, f"{item}: not applied by the accelerate loop")
+        if self.cbs.not_applied:
+            _say(acc, f"trainer.callbacks: {', '.join(self.cbs.not_applied)} not applied by the accelerate loop")
         devices = t.devices
         local = int(os.environ.get("LOCAL_WORLD_SIZE", acc.num_processes))
         if isinstance(devices, int) and devices != local:
@@ -561,7 +578,6 @@ class _Run:
             torch.use_deterministic_algorithms(True, warn_only=t.deterministic == "warn")
         if t.benchmark is not None and acc.device.type == "cuda":
             torch.backends.cudnn.benchmark = bool(t.benchmark)
-        self._setup_logging()
 
         if acc.is_local_main_process:
             self.datamodule.prepare_data()
@@ -585,9 +601,17 @@ class _Run:
         max_epochs = t.max_epochs if t.max_epochs is not None else (1000 if max_steps == -1 else -1)
         total = estimated_stepping_batches(train_batches, acc_steps, max_epochs, max_steps)
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer, scheduler = build_optimizer(params, module.hparams, total if math.isfinite(total) else 1)
+        hp = module.hparams
+        optimizer = build_optimizer(
+            params, optimizer=hp.optimizer, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
+            optimizer_impl=hp.optimizer_impl,
+        )
+        # Not prepared: Accelerate would step it once per process per optimizer step; Lightning steps it once.
+        steps = int(total) if math.isfinite(total) else 1
+        scheduler = build_scheduler(optimizer, hp.scheduler, lr=hp.lr, total_steps=steps)
         self.optimizer = optimizer = acc.prepare(optimizer)
         self.steps_per_epoch = math.ceil(train_batches / acc_steps)
+        self._setup_logging()
         self._setup_measurement()
 
         clip_value, clip_algorithm = t.gradient_clip_val, t.gradient_clip_algorithm or "norm"
@@ -595,6 +619,7 @@ class _Run:
         check_every = t.check_val_every_n_epoch or 1
         label_smoothing = module.hparams.label_smoothing
         cast = self.plan.cast_dtype
+        guard = self.cbs.guard
         model.train()
         epoch, done = 0, False
         while not done and (max_epochs == -1 or epoch < max_epochs):
@@ -611,8 +636,13 @@ class _Run:
                     logits = model(_cast_inputs(x, cast))
                     loss = F.cross_entropy(logits, y, label_smoothing=label_smoothing)
                     batch_acc = module.train_acc(logits, y)
+                    if guard is not None:
+                        self._pending.append(_MicroBatch(torch.isfinite(loss.detach()).all(), loss.detach(),
+                                                         self.global_step, epoch, batch_idx))
                     acc.backward(loss)
                     if acc.sync_gradients:
+                        if guard is not None and guard.on_nonfinite == "skip":
+                            self._skip_if_nonfinite(optimizer)
                         _clip(acc, params, clip_value, clip_algorithm)
                         optimizer.step()
                         if scheduler is not None:
@@ -622,7 +652,15 @@ class _Run:
                     continue
                 cycle_open = False
                 self.global_step += 1
+                if optimizer.step_was_skipped:  # GradScaler found inf/NaN gradients (fp16): loss-scale search
+                    self.scaler_skipped_steps += 1
                 self._step_ends(loss, batch_acc, every)
+                if guard is not None and guard.on_nonfinite == "stop":
+                    bad = self._first_nonfinite()
+                    if bad is not None:
+                        self._diverged(bad, "")
+                if self.sigterm:
+                    raise SystemExit(self.cbs.stop.exit_code)
                 if max_steps != -1 and self.global_step >= max_steps:
                     done = True
                     break
@@ -635,13 +673,49 @@ class _Run:
         if self.timer is not None:
             self.timer.cancel()
 
+    # -- faults (NonFiniteLossGuard, GracefulStop) -------------------------------------------------
+
+    def _first_nonfinite(self) -> _MicroBatch | None:
+        """The first micro-batch since the last check whose loss was not finite, on any process (one host read)."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return None
+        bad = (~torch.stack([mb.finite for mb in pending]).all()).float()
+        if self.accelerator.num_processes > 1:  # every process takes the same decision
+            bad = self.accelerator.reduce(bad, reduction="sum")
+        if float(bad) == 0:
+            return None
+        return next((mb for mb in pending if not bool(mb.finite)), pending[0])
+
+    def _skip_if_nonfinite(self, optimizer) -> None:
+        bad = self._first_nonfinite()
+        if bad is None:
+            return
+        optimizer.zero_grad(set_to_none=True)  # an optimizer step over no gradients changes nothing
+        self.skipped_at.append(bad.step)
+        limit = self.cbs.guard.max_skipped_steps
+        if limit is not None and len(self.skipped_at) > limit:
+            self._diverged(bad, f"; {len(self.skipped_at)} steps skipped, max_skipped_steps={limit}")
+
+    def _diverged(self, bad: _MicroBatch, why: str) -> None:
+        where = "on another rank" if bool(bad.finite) else f"{float(bad.loss.float().mean())}"
+        self.diverged_at_step = bad.step
+        raise NonFiniteLossError(
+            f"train/loss is {where} at step {bad.step} (epoch {bad.epoch}, batch {bad.batch_idx}){why}; "
+            f"stopped by NonFiniteLossGuard(on_nonfinite={self.cbs.guard.on_nonfinite})"
+        )
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # Like Lightning's handler: only a flag; the loop stops at the end of the current optimizer step.
+        self.sigterm = True
+
     def _log_every(self) -> int:
-        own = self.measure.record.log_every_n_steps if self.measure.record is not None else None
+        own = self.cbs.record.log_every_n_steps if self.cbs.record is not None else None
         return max(1, int(own if own is not None else _or(self.t.log_every_n_steps, 50)))
 
     def _setup_measurement(self) -> None:
         device = self.accelerator.device
-        m = self.measure
+        m = self.cbs
         if m.timer is not None:
             if device.type == "cuda" and m.timer.cuda_timing == "events":
                 self.timer = CudaEventTimer(m.timer.warmup_steps, m.timer.measure_steps)
@@ -655,7 +729,7 @@ class _Run:
             self._resolve_peak()
 
     def _resolve_peak(self) -> None:
-        acc, fm = self.accelerator, self.measure.flops
+        acc, fm = self.accelerator, self.cbs.flops
         dtype = compute_dtype(self.plan.precision)
         try:
             table = get_available_flops(acc.device, dtype)
@@ -687,7 +761,7 @@ class _Run:
     # -- per step --------------------------------------------------------------------------------
 
     def _step_begins(self, x: torch.Tensor) -> None:
-        acc, m, step = self.accelerator, self.measure, self.global_step
+        acc, m, step = self.accelerator, self.cbs, self.global_step
         if self.micro_batch_size is None:
             self.micro_batch_size = int(x.shape[0])
         if m.flops is not None and "flops_per_step" not in self.flops:
@@ -714,7 +788,7 @@ class _Run:
             self.timer.start()
 
     def _step_ends(self, loss: torch.Tensor, batch_acc: torch.Tensor, every: int) -> None:
-        acc, m, index = self.accelerator, self.measure, self.global_step - 1
+        acc, m, index = self.accelerator, self.cbs, self.global_step - 1
         perturbed = index == self._flops_step or (self.tracker is not None)
         dt = None
         if self.timer is not None:
@@ -741,7 +815,7 @@ class _Run:
         scalars = {"train/loss": _scalar(loss), "train/acc": _scalar(batch_acc)}
         self.metrics.update(scalars)
         self._remember(scalars)
-        if self.measure.lr_monitor:
+        if self.cbs.lr_monitor:
             scalars[self._lr_key()] = self._lr
         if dt is not None:
             scalars["perf/step_time_ms"] = dt * 1e3
@@ -751,7 +825,7 @@ class _Run:
         return f"lr-{type(self.optimizer.optimizer).__name__}"
 
     def _remember(self, scalars: Mapping[str, float | None]) -> None:
-        if self.measure.record is not None and not self.measure.record.history:
+        if self.cbs.record is not None and not self.cbs.record.history:
             return
         for key, value in scalars.items():
             self.history.setdefault(key, []).append([self.global_step, value])
@@ -776,7 +850,7 @@ class _Run:
                 pass
         record = self.build(status, error)
         self._finished = record
-        rec = self.measure.record
+        rec = self.cbs.record
         if self.accelerator.is_main_process and (rec is not None or self.cfg.record is not None):
             fill = {"log_dir": str(self.log_dir or self.log_root), "run_id": record["run_id"]}
             path = Path(((rec.record_path if rec else None) or "{log_dir}/record.json").format(**fill))
@@ -793,7 +867,7 @@ class _Run:
         return record
 
     def build(self, status: str, error: str | None) -> dict[str, Any]:
-        acc, t, module, m = self.accelerator, self.t, self.module, self.measure
+        acc, t, module, m = self.accelerator, self.t, self.module, self.cbs
         run_id = (m.record.run_id if m.record is not None else None) or os.environ.get("MODELWRIGHT_RUN_ID") or None
         record = new_record(run_id=run_id, loop="accelerate")
         record["status"], record["error"] = status, error
@@ -803,7 +877,7 @@ class _Run:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
         micro = self.micro_batch_size
         accumulate = t.accumulate_grad_batches
-        channels_last = _channels_last(net)
+        channels_last = channels_last_applied(net)
         record["techniques"] = {
             "model_name": module.hparams.model_name,
             "precision": self.plan.precision,
@@ -812,9 +886,9 @@ class _Run:
             "gradient_checkpointing": module.hparams.gradient_checkpointing,
             "checkpointed_segments": sum(1 for sub in net.modules() if "forward" in sub.__dict__),
             "optimizer": module.hparams.optimizer,
-            "optimizer_impl": _optimizer_impl(self.optimizer.optimizer) if self.optimizer is not None else None,
+            "optimizer_impl": optimizer_impl(self.optimizer.optimizer) if self.optimizer is not None else None,
             "channels_last": channels_last if channels_last is not None else module.hparams.channels_last,
-            "compile": _compiled(net),
+            "compile": is_compiled(net),
             "strategy": "ddp" if world > 1 else "single_device",
             "strategy_class": "DistributedDataParallel" if world > 1 else None,
             "world_size": world,
@@ -870,6 +944,15 @@ class _Run:
         record["metrics"] = {**dict.fromkeys(METRIC_KEYS), **metrics}
         self.metrics = metrics
         record["history"] = {k: list(v) for k, v in self.history.items()}
+        if m.guard is not None:  # NonFiniteLossGuard.summary()'s keys
+            record["faults"] = {
+                "on_nonfinite": m.guard.on_nonfinite,
+                "diverged": self.diverged_at_step is not None,
+                "diverged_at_step": self.diverged_at_step,
+                "nonfinite_skipped_steps": len(self.skipped_at),
+                "nonfinite_skipped_at": self.skipped_at[:100],
+                "scaler_skipped_steps": self.scaler_skipped_steps if acc.mixed_precision == "fp16" else None,
+            }
         return to_jsonable(record)
 
 
@@ -895,8 +978,8 @@ def main(args: list[str] | None = None) -> int:
     debug = os.environ.get("MODELWRIGHT_DEBUG") == "1"
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     try:
-        cfg = build_parser().parse_args(args)
-        train(cfg)
+        parser = build_parser()
+        train(parser.parse_args(args), parser)
     except (ConfigError, argparse.ArgumentError) as err:
         if debug:
             raise

@@ -132,7 +132,7 @@ def _batchnorm_stats_frozen(module: nn.Module):
     try:
         yield
     finally:
-        for m, (momentum, tracked) in zip(norms, saved):
+        for m, (momentum, tracked) in zip(norms, saved, strict=True):
             m.momentum = momentum
             m.num_batches_tracked.copy_(tracked)
 
