@@ -34,9 +34,12 @@ def test_config_trains(config, tmp_path):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("config", sorted(DISTRIBUTED & set(CONFIGS)))
 def test_distributed_config_trains_on_two_cpu_processes(config, tmp_path, subprocess_env):
-    args = fit_args(tmp_path, "--config", f"configs/{config}", "--trainer.max_steps", "2", "--model.model_name", "smallcnn")
+    args = fit_args(
+        tmp_path, "--config", f"configs/{config}", "--trainer.max_steps", "2", "--model.model_name", "smallcnn"
+    )
     proc = subprocess.run(
-        [sys.executable, "main.py", *args], cwd=REPO_ROOT, env=subprocess_env, capture_output=True, text=True, timeout=280
+        [sys.executable, "main.py", *args],
+        cwd=REPO_ROOT, env=subprocess_env, capture_output=True, text=True, timeout=280,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (version,) = _versions(tmp_path)
