@@ -145,12 +145,11 @@ class NonFiniteLossGuard(Callback):
         return next((mb for mb in pending if not bool(mb.finite)), pending[0])
 
     def _stop(self, bad: _MicroBatch, why: str) -> None:
-        value = float(bad.loss.float().mean()) if not bool(bad.finite) else float("nan")
-        where = "on another rank" if bool(bad.finite) else f"{value}"
+        what = "not finite on another rank" if bool(bad.finite) else f"{float(bad.loss.float().mean())}"
         self.diverged = True
         self.diverged_at_step = bad.step
         self.message = (
-            f"train/loss is {where} at step {bad.step} (epoch {bad.epoch}, batch {bad.batch_idx}){why}; "
+            f"train/loss is {what} at step {bad.step} (epoch {bad.epoch}, batch {bad.batch_idx}){why}; "
             f"stopped by NonFiniteLossGuard(on_nonfinite={self.on_nonfinite})"
         )
         raise NonFiniteLossError(self.message)
@@ -230,7 +229,7 @@ class GracefulStop(Callback):
             exception.code = self.exit_code
             path = self._checkpoint_path(trainer)
             try:
-                trainer.save_checkpoint(path)  # on every rank: it synchronizes them
+                trainer.save_checkpoint(path, weights_only=False)  # on every rank: it synchronizes them
             except Exception as err:  # the stop must still happen, and say why it has no checkpoint
                 warnings.warn(f"GracefulStop: no checkpoint on SIGTERM ({type(err).__name__}: {err})", stacklevel=2)
             else:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from modelwright.errors import ConfigError, require
+from modelwright.resume import ResumableDataLoader, ResumableRandomSampler, TrainLoaderResume
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -25,7 +26,7 @@ CIFAR10_FOLDER = "cifar-10-batches-py"
 
 
 def synthetic_images(
-    n: int, num_classes: int = 10, seed: int = 0, noise: float = 0.8, image_size: int = 32
+    n: int, num_classes: int = 10, seed: int = 0, noise: float = 6.0, image_size: int = 32
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` images (float32, N×3×H×W, roughly zero-mean unit-variance) and their labels.
 
@@ -90,7 +91,7 @@ class ImageDataModule(pl.LightningDataModule):
         train_size: int = 4096,
         val_size: int = 1024,
         augment: bool = True,
-        noise: float = 0.8,
+        noise: float = 6.0,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -105,6 +106,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.save_hyperparameters()
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
+        self._resume = TrainLoaderResume()  # the training loader's place in its epoch, across a resume
 
     def prepare_data(self) -> None:
         if self.hparams.dataset == "cifar10" and self.hparams.download:
@@ -133,18 +135,26 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
         hp = self.hparams
-        return DataLoader(
+        # The training loader resumes mid-epoch (modelwright.resume); its shuffle is RandomSampler's.
+        extra = {"sampler": ResumableRandomSampler(dataset), "resume": self._resume.take} if shuffle else {}
+        return (ResumableDataLoader if shuffle else DataLoader)(
             dataset,
             batch_size=hp.batch_size,
-            shuffle=shuffle,
             num_workers=hp.num_workers,
             persistent_workers=hp.persistent_workers,
             pin_memory=torch.cuda.is_available(),
             drop_last=shuffle,
+            **extra,
         )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_set, shuffle=True)
+
+    def state_dict(self) -> dict:
+        return TrainLoaderResume.state_dict(self.trainer)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._resume.load_state_dict(state_dict)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.val_set, shuffle=False)

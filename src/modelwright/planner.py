@@ -266,7 +266,7 @@ def cost_usd(devices: int, hours: float, usd_per_device_hour: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Prices (ANCHORS.md)
+# Prices: published third-party listings (they move; each carries its date)
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -281,7 +281,7 @@ class DevicePrice:
 
 
 PRICE_DATE = "2026-05"
-PRICE_SOURCE = "third-party GPU cloud listings, May 2026, as quoted in ANCHORS.md"
+PRICE_SOURCE = "third-party GPU cloud listings, May 2026"
 DEFAULT_PRICES: dict[str, DevicePrice] = {
     "A100 80GB": DevicePrice(1.10, 3.00, PRICE_DATE, PRICE_SOURCE),
     "H100 SXM": DevicePrice(2.50, 5.00, PRICE_DATE, PRICE_SOURCE),
@@ -290,7 +290,7 @@ DEFAULT_PRICES: dict[str, DevicePrice] = {
         98.32 / 8,
         98.32 / 8,
         PRICE_DATE,
-        "AWS p5.48xlarge (8×H100) on demand $98.32/h, as quoted in ANCHORS.md",
+        "AWS p5.48xlarge (8×H100) on demand $98.32/h",
     ),
 }
 DEFAULT_DEVICE = "H100 SXM"
