@@ -1,0 +1,68 @@
+"""benchmarks/overhead.py: the stamp arithmetic, and a smoke run of the three loops on the small CNN."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = REPO_ROOT / "benchmarks" / "overhead.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("overhead_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_step_times_shift_by_lookahead():
+    overhead = _load()
+    # Steps take 1, 2, 3, 4 s. Without look-ahead a fetch starts each step; with one, the first two fetches
+    # come together and each later fetch starts the step before the batch it fetches.
+    plain = [0.0, 1.0, 3.0, 6.0, 10.0]
+    ahead = [0.0, 0.0, 1.0, 3.0, 6.0, 10.0]
+    assert overhead.step_times(plain, 0, warmup=1, steps=3, steps_per_epoch=100) == [2.0, 3.0, 4.0]
+    assert overhead.step_times(ahead, 1, warmup=1, steps=3, steps_per_epoch=100) == [2.0, 3.0, 4.0]
+
+
+def test_step_and_epoch_times_across_epochs():
+    overhead = _load()
+    # Two epochs of 3 steps of 1 s, 5 s spent between epochs, then the first step of a third epoch.
+    stamps = [0.0, 1.0, 2.0, 8.0, 9.0, 10.0, 16.0]
+    # The last step of an epoch (it holds the epoch end) is not a step time.
+    assert overhead.step_times(stamps, 0, warmup=0, steps=10, steps_per_epoch=3) == [1.0, 1.0, 1.0, 1.0]
+    assert overhead.epoch_times(stamps, 3, warmup_epochs=1) == [8.0]
+    assert overhead.epoch_times(stamps, 3, warmup_epochs=0) == [8.0, 8.0]
+
+
+@pytest.mark.slow
+def test_smoke_three_loops(tmp_path):
+    out = tmp_path / "overhead.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", "smallcnn", "--batch-size", "8", "--warmup", "1", "--steps", "2",
+         "--repeats", "1", "--train-size", "64", "--accelerator", "cpu", "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=540,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert set(results["loops"]) == {"raw", "accelerate", "lightning"}
+    for name, loop in results["loops"].items():
+        assert loop["median_step_ms"] > 0, name
+        assert len(loop["runs"]) == 1 and len(loop["runs"][0]["step_times_ms"]) == 2, name
+    # Accelerate's loader reads one batch ahead; the raw loop does not.
+    assert results["loops"]["accelerate"]["runs"][0]["lookahead"] == 1
+    assert results["loops"]["raw"]["runs"][0]["lookahead"] == 0
+    assert results["loops"]["raw"]["ratio_to_raw"] == pytest.approx(1.0)
+    for name in ("accelerate", "lightning"):
+        ratio = results["ratios_to_raw"][name]
+        medians = {k: v["median_step_ms"] for k, v in results["loops"].items()}
+        assert ratio == pytest.approx(medians[name] / medians["raw"])
+        assert ratio > 0
+    assert results["hardware"]["accelerator"] == "cpu" and results["versions"]["torch"]
+    assert proc.stdout.strip().splitlines()[-1].startswith("lightning / raw")
