@@ -22,10 +22,10 @@ at the end of the current batch; this callback saves ``last.ckpt`` there (``--ck
 it) and gives the exception the conventional exit status 128 + SIGTERM = 143. Under DDP it also keeps a
 failure from hanging or orphaning processes; see the class.
 
-Costs, on a GPU: ``stop`` reads one flag on the host per optimizer step after the step is queued (where
+Costs, on a GPU: ``stop`` reads one flag on the host per batch, after its optimizer step is queued (where
 ``log_every_n_steps: 1`` already reads the loss); ``skip`` reads it before the optimizer step, a host sync
-inside the step. The scaler count stays on the device until read. Under DDP, one one-element all-reduce
-per optimizer step makes every rank take the same decision.
+inside the step. The scaler count stays on the device until read. Under DDP, a one-element all-reduce at
+each of those reads makes every rank take the same decision.
 """
 
 from __future__ import annotations
@@ -202,8 +202,9 @@ class GracefulStop(Callback):
     """SIGTERM saves ``last.ckpt`` and exits non-zero; under DDP, a failure ends every process, promptly.
 
     Args:
-        filename: checkpoint written on SIGTERM, in ``<log_dir>/checkpoints`` (where ``ModelCheckpoint``
-            writes); the CLI's ``--ckpt_path last`` picks the newest ``last*.ckpt``.
+        filename: checkpoint written on SIGTERM, in the first ``ModelCheckpoint``'s folder (the CLI's
+            ``--ckpt_path last`` picks the newest ``last*.ckpt``); a run without a ``ModelCheckpoint``
+            (a study run) keeps no checkpoint and writes none.
         exit_code: exit status of a process stopped by SIGTERM (128 + 15, the shell's convention).
 
     Under DDP, Lightning starts ranks 1.. as child processes of rank 0, and a thread in rank 0 SIGKILLs every
@@ -227,13 +228,15 @@ class GracefulStop(Callback):
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if isinstance(exception, SIGTERMException):
             exception.code = self.exit_code
-            path = self._checkpoint_path(trainer)
-            try:
-                trainer.save_checkpoint(path, weights_only=False)  # on every rank: it synchronizes them
-            except Exception as err:  # the stop must still happen, and say why it has no checkpoint
-                warnings.warn(f"GracefulStop: no checkpoint on SIGTERM ({type(err).__name__}: {err})", stacklevel=2)
-            else:
-                self.saved_to = path
+            folder = next((cb.dirpath for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)), None)
+            if folder is not None:
+                path = Path(folder) / f"{self.filename}.ckpt"
+                try:
+                    trainer.save_checkpoint(path, weights_only=False)  # on every rank: it synchronizes them
+                except Exception as err:  # the stop must still happen, and say why it has no checkpoint
+                    warnings.warn(f"GracefulStop: no checkpoint on SIGTERM ({type(err).__name__}: {err})", stacklevel=2)
+                else:
+                    self.saved_to = path
         if trainer.world_size <= 1:
             return
         if isinstance(exception, (SIGTERMException, NonFiniteLossError)):
@@ -242,15 +245,6 @@ class GracefulStop(Callback):
             procs = list(getattr(trainer.strategy.launcher, "procs", None) or [])
             if procs:
                 atexit.register(_kill_running, procs)
-
-    def _checkpoint_path(self, trainer: pl.Trainer) -> Path:
-        model_checkpoint = next((cb for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)), None)
-        folder = getattr(model_checkpoint, "dirpath", None)
-        if folder is None:  # as ModelCheckpoint resolves it; not trainer.log_dir, a collective
-            logger = trainer.logger
-            base = getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None) or trainer.default_root_dir
-            folder = Path(base) / "checkpoints"
-        return Path(folder) / f"{self.filename}.ckpt"
 
 
 def _kill_running(procs: list[subprocess.Popen]) -> None:

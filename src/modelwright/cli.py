@@ -142,4 +142,9 @@ def cli_main(args: list[str] | None = None) -> int:
         message = one_line(err) if isinstance(err, argparse.ArgumentError) else str(err)
         print(f"error: {message}", file=sys.stderr)
         return 2
+    except FloatingPointError as err:  # callbacks.fault_tolerance.NonFiniteLossError: the run diverged
+        if debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0

@@ -1,0 +1,101 @@
+"""Time the main job as a user runs it and write the README's statement of it from the measurement.
+
+To run: ``uv run python benchmarks/main_job.py`` (runs ``main.py fit --config configs/amp.yaml`` once, in a
+fresh process, with the default settings; about 5 minutes on a 2-core CPU).
+
+Writes ``results/<hardware>/main_job.json`` (command, wall time of the whole process, final val/acc, hardware,
+versions, the run record's id) and rewrites the README between ``<!-- mainjob:start -->`` and
+``<!-- mainjob:end -->``. ``--readme-only`` rewrites the README from the existing JSON without running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from modelwright.record import read_record  # noqa: E402
+from modelwright.report import hardware_slug  # noqa: E402
+
+START, END = "<!-- mainjob:start -->", "<!-- mainjob:end -->"
+CONFIG = "configs/amp.yaml"
+
+
+def run(config: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "main.py", "fit", "--config", config]
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [*command, "--trainer.logger.init_args.save_dir", tmp, "--trainer.enable_progress_bar", "false"],
+            cwd=REPO, capture_output=True, text=True,
+        )
+        wall_s = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"error: {config}: the main job failed (exit {proc.returncode}): "
+                             f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
+        (record_path,) = Path(tmp).glob("*/version_*/record.json")
+        record = read_record(record_path)
+    return {
+        "command": f"uv run main.py fit --config {config}",
+        "process_wall_time_s": round(wall_s, 1),
+        "fit_wall_time_s": record["timing"]["wall_time_s"],
+        "val_acc": record["metrics"]["val/acc"],
+        "val_loss": record["metrics"]["val/loss"],
+        "precision": record["techniques"]["precision"],
+        "hardware": record["hardware"],
+        "versions": record["versions"],
+        "run_id": record["run_id"],
+    }
+
+
+def readme_text(result: dict) -> str:
+    hw, v = result["hardware"], result["versions"]
+    device = hw.get("device_name") or hw.get("cpu_model")
+    where = f"{device}, {hw.get('cpu_cores')} cores" if hw.get("accelerator") == "cpu" else device
+    return (
+        f"Measured (`uv run python benchmarks/main_job.py`): `{result['command']}` with the default settings took "
+        f"**{result['process_wall_time_s'] / 60:.1f} minutes** from start to exit and ended with "
+        f"**val/acc {result['val_acc']:.3f}** (chance: 0.100), in `{result['precision']}`, on {where} "
+        f"(torch {v.get('torch')}, lightning {v.get('lightning')}, Python {v.get('python')}).\n"
+    )
+
+
+def update_readme(readme: Path, text: str) -> None:
+    content = readme.read_text()
+    start, end = content.find(START), content.find(END)
+    if start < 0 or end < start:
+        raise SystemExit(f"error: {readme.name}: needs {START} ... {END} markers")
+    readme.write_text(content[: start + len(START)] + "\n" + text + content[end:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=CONFIG)
+    parser.add_argument("--readme", default=str(REPO / "README.md"))
+    parser.add_argument("--readme-only", action="store_true", help="rewrite the README from the existing JSON")
+    args = parser.parse_args(argv)
+    out = REPO / "results" / hardware_slug() / "main_job.json"
+    if args.readme_only:
+        if not out.is_file():
+            raise SystemExit(f"error: {out.relative_to(REPO)}: not found; run without --readme-only first")
+        result = json.loads(out.read_text())
+    else:
+        result = run(args.config)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        tmp.replace(out)
+    update_readme(Path(args.readme), readme_text(result))
+    print(readme_text(result), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""Test-only callbacks that inject faults into a fit at a chosen optimizer step (``trainer.global_step``).
+
+Used from the command line with ``tests/`` on ``PYTHONPATH``::
+
+    --trainer.callbacks+=faults.RaiseAt --trainer.callbacks.step 2 --trainer.callbacks.rank 1
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+
+
+class RaiseAt(Callback):
+    """Raise ``RuntimeError`` on one rank at the start of step ``step``; write the time to ``marker`` first."""
+
+    def __init__(self, step: int, rank: int = 0, marker: str | None = None) -> None:
+        super().__init__()
+        self.step = step
+        self.rank = rank
+        self.marker = marker
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step and trainer.global_rank == self.rank:
+            if self.marker:
+                Path(self.marker).write_text(f"{time.time()}\n", encoding="utf-8")
+            raise RuntimeError(f"injected failure on rank {self.rank} at step {self.step}")
+
+
+class NanLossAt(Callback):
+    """Make the training loss NaN at the given steps, leaving the forward pass (and BatchNorm statistics) alone."""
+
+    def __init__(self, steps: list[int], rank: int | None = None) -> None:
+        super().__init__()
+        self.steps = set(steps)
+        self.rank = rank
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        original = pl_module.training_step
+
+        def training_step(*args: Any, **kwargs: Any) -> Any:
+            loss = original(*args, **kwargs)
+            if trainer.global_step in self.steps and self.rank in (None, trainer.global_rank):
+                loss = loss * float("nan")
+            return loss
+
+        pl_module.training_step = training_step
+
+
+class SleepAt(Callback):
+    """After ``step`` optimizer steps (at ``on_train_batch_end``, before any checkpoint of that step), touch
+    ``marker`` and sleep until ``seconds`` pass or SIGTERM arrives, so a signal lands at a known place."""
+
+    def __init__(self, step: int, marker: str, seconds: float = 600.0) -> None:
+        super().__init__()
+        self.step = step
+        self.marker = marker
+        self.seconds = seconds
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            Path(self.marker).write_text(f"{trainer.current_epoch} {batch_idx}\n", encoding="utf-8")
+            deadline = time.monotonic() + self.seconds
+            while time.monotonic() < deadline and not trainer.received_sigterm:
+                time.sleep(0.05)
+
+
+class SignalAt(Callback):
+    """After ``step`` optimizer steps (at ``on_train_batch_end``), send ``signum`` (default SIGTERM) to this process."""
+
+    def __init__(self, step: int, signum: int = int(signal.SIGTERM)) -> None:
+        super().__init__()
+        self.step = step
+        self.signum = signum
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)

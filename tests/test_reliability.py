@@ -1,0 +1,282 @@
+"""Faults: exact resume after SIGKILL mid-epoch, SIGTERM, non-finite losses, a failing DDP rank.
+
+Fault injectors are in tests/faults.py. The callbacks list of a run is configs/base.yaml's, patched and
+written to a config file (a CLI flag cannot change one entry of a list).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+from conftest import REPO_ROOT, fit_args
+from torch.utils.data import DataLoader, TensorDataset
+
+from callbacks.fault_tolerance import NonFiniteLossError, NonFiniteLossGuard
+from modelwright.cli import cli_main
+from modelwright.resume import ResumableDataLoader, ResumableRandomSampler
+from modelwright.study import DONE_STATUSES
+
+SMALL = ["--model.model_name", "smallcnn", "--trainer.max_epochs", "2", "--data.train_size", "64"]  # 8 steps/epoch
+
+
+def _args(log_dir: Path, *extra: str) -> list[str]:
+    """A small fit (batch 8, 8 steps per epoch, 2 epochs) logging under ``log_dir``; ``extra`` wins."""
+    return [*fit_args(log_dir), *SMALL, *extra]
+
+
+def _callbacks_config(path: Path, *, every_n_train_steps: int = 3, on_nonfinite: str = "stop",
+                      extra: tuple[dict, ...] = ()) -> Path:
+    """configs/base.yaml's callbacks, with checkpoints every ``every_n_train_steps`` and the guard's mode set."""
+    base = yaml.safe_load((REPO_ROOT / "configs" / "base.yaml").read_text(encoding="utf-8"))
+    callbacks = base["trainer"]["callbacks"]
+    found = set()
+    for cb in callbacks:
+        args = cb.setdefault("init_args", {}) or {}
+        cb["init_args"] = args
+        if cb["class_path"].endswith("ModelCheckpoint") and "every_n_train_steps" in args:
+            args["every_n_train_steps"] = every_n_train_steps
+            found.add("steps")
+        elif cb["class_path"].endswith("NonFiniteLossGuard"):
+            args["on_nonfinite"] = on_nonfinite
+            found.add("guard")
+    assert found == {"steps", "guard"}, "base.yaml has a step ModelCheckpoint and a NonFiniteLossGuard"
+    path.write_text(yaml.safe_dump({"trainer": {"callbacks": [*callbacks, *extra]}}), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def peak_cache(tmp_path, monkeypatch) -> dict:
+    """A filled peak-FLOP/s cache (no run spends seconds measuring one), and for a child process this one's
+    thread count: CPU kernels, and so the last bits of the weights, depend on it."""
+    from modelwright.measure import peak_cache_key
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = peak_cache_key("cpu", torch.float32)
+    (cache / "peak_flops.json").write_text(json.dumps({key: {"flops_per_s": 1e11, "measured_at": "test"}}))
+    monkeypatch.setenv("MODELWRIGHT_CACHE_DIR", str(cache))
+    return {"MODELWRIGHT_CACHE_DIR": str(cache), "OMP_NUM_THREADS": str(torch.get_num_threads())}
+
+
+def _ckpt(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def _last(log_dir: Path, version: int) -> Path:
+    """The checkpoint ``--ckpt_path last`` would take from that version: the newest ``last*.ckpt``."""
+    return max(log_dir.glob(f"*/version_{version}/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
+
+
+# -- the resumable loader ------------------------------------------------------------------------
+
+
+def _epochs(loader: DataLoader, n: int = 2) -> list[list[list[int]]]:
+    return [[batch[0].tolist() for batch in loader] for _ in range(n)]
+
+
+def test_resumable_loader_shuffles_as_shuffle_true_and_resumes_mid_pass():
+    data = TensorDataset(torch.arange(20))
+    torch.manual_seed(0)
+    plain = _epochs(DataLoader(data, batch_size=3, shuffle=True, drop_last=True))
+
+    def resumable() -> ResumableDataLoader:
+        return ResumableDataLoader(data, batch_size=3, sampler=ResumableRandomSampler(data), drop_last=True)
+
+    torch.manual_seed(0)
+    assert _epochs(resumable()) == plain, "an uninterrupted run sees DataLoader(shuffle=True)'s order"
+
+    torch.manual_seed(0)
+    first = resumable()
+    it = iter(first)
+    seen = [next(it)[0].tolist() for _ in range(2)]
+    state = first.state_dict()
+    draw = torch.rand(3)  # what the training step after the checkpoint would draw (dropout, ...)
+    assert state["batches"] == 2 and seen == plain[0][:2]
+
+    torch.manual_seed(123)  # a fresh process: another RNG state
+    second = resumable()
+    it = iter(second)  # Lightning may iterate before the state arrives (issue #20550): it applies at the first batch
+    second.load_state_dict(state)
+    rest = [next(it)[0].tolist()]
+    assert torch.equal(torch.rand(3), draw), "the global RNG continues where the checkpoint left it"
+    rest += [batch[0].tolist() for batch in it]
+    assert rest == plain[0][2:], "the rest of the interrupted pass, same permutation, nothing repeated"
+    assert _epochs(second, 1)[0] != plain[0], "the next pass shuffles anew"
+
+
+# -- exact resume after SIGKILL ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(420)
+def test_sigkill_mid_epoch_then_resume_ends_with_the_uninterrupted_weights(tmp_path, subprocess_env, peak_cache):
+    config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=3)
+    marker = tmp_path / "sleeping"
+    sleeper = {"class_path": "faults.SleepAt", "init_args": {"step": 10, "marker": str(marker)}}
+    killed_config = _callbacks_config(tmp_path / "killed.yaml", every_n_train_steps=3, extra=(sleeper,))
+    common = ["--model.scheduler", "onecycle"]
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+
+    # B: killed during step 11 of 16 (epoch 1, batch 2); its newest checkpoint is step 9's.
+    env = {**subprocess_env, **peak_cache}
+    b_args = _args(b_dir, "--config", str(killed_config), *common)
+    b_log = (tmp_path / "b.log").open("w")
+    proc = subprocess.Popen([sys.executable, "main.py", *b_args], cwd=REPO_ROOT, env=env,
+                            stdout=b_log, stderr=subprocess.STDOUT)
+    try:
+        # A, uninterrupted, in this process while B starts up.
+        assert cli_main(_args(a_dir, "--config", str(config), *common)) == 0
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            assert proc.poll() is None, f"B ended before the kill: {(tmp_path / 'b.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, "B never reached step 10"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        b_log.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert marker.read_text().split() == ["1", "1"], "killed in epoch 1 after its batch 1 (step 10)"
+    assert _ckpt(_last(b_dir, 0))["global_step"] == 9, "the newest checkpoint is mid-epoch"
+
+    assert cli_main(_args(b_dir, "--config", str(config), *common, "--ckpt_path", "last")) == 0
+
+    a, b = _ckpt(_last(a_dir, 0)), _ckpt(_last(b_dir, 1))
+    assert a["global_step"] == b["global_step"] == 16
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for name, tensor in a["state_dict"].items():
+        assert torch.equal(tensor, b["state_dict"][name]), f"{name} differs after the resume"
+    for key in ("state", "param_groups"):
+        assert repr(a["optimizer_states"][0][key]) == repr(b["optimizer_states"][0][key]), f"optimizer {key}"
+    assert a["lr_schedulers"] == b["lr_schedulers"], "OneCycleLR resumed at the same position"
+
+
+# -- SIGTERM -------------------------------------------------------------------------------------
+
+
+def test_sigterm_saves_a_checkpoint_exits_143_and_is_recorded_interrupted(tmp_path, peak_cache):
+    signaller = {"class_path": "faults.SignalAt", "init_args": {"step": 3}}
+    config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=500, extra=(signaller,))
+    previous = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(_args(tmp_path, "--config", str(config)))
+    assert signal.getsignal(signal.SIGTERM) == previous, "Lightning put the process's own handler back"
+    assert stopped.value.code == 143, "main.py exits with 128 + SIGTERM"
+    ckpt = _ckpt(_last(tmp_path, 0))
+    assert ckpt["global_step"] == 3, "the checkpoint holds the step SIGTERM arrived in"
+    assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 3
+    (record_path,) = tmp_path.glob("*/version_0/record.json")
+    record = json.loads(record_path.read_text())
+    assert record["status"] == "interrupted" and record["status"] not in DONE_STATUSES
+
+
+# -- non-finite loss -----------------------------------------------------------------------------
+
+
+def _nan_at(*steps: int) -> dict:
+    return {"class_path": "faults.NanLossAt", "init_args": {"steps": list(steps)}}
+
+
+def test_nonfinite_loss_stops_the_run_naming_the_step(tmp_path, capsys, peak_cache):
+    config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=500, extra=(_nan_at(5),))
+    try:
+        rc = cli_main(_args(tmp_path, "--config", str(config)))
+        lines = capsys.readouterr().err.strip().splitlines()
+    except NonFiniteLossError as err:  # until cli_main turns it into one line and a status
+        rc, lines = 1, [f"error: {err}"]
+    assert rc != 0
+    assert len([line for line in lines if line.startswith("error: ")]) == 1
+    assert "train/loss is nan at step 5 (epoch 0, batch 5)" in lines[-1], lines
+    (record_path,) = tmp_path.glob("*/version_0/record.json")
+    record = json.loads(record_path.read_text())
+    assert record["status"] == "diverged", record["error"]
+    assert "step 5" in record["error"]
+    assert record["faults"]["diverged"] is True and record["faults"]["diverged_at_step"] == 5
+
+
+def test_nonfinite_loss_skip_drops_the_steps_and_counts_them(tmp_path, peak_cache):
+    config = _callbacks_config(
+        tmp_path / "callbacks.yaml", every_n_train_steps=500, on_nonfinite="skip", extra=(_nan_at(2, 5),)
+    )
+    assert cli_main(_args(tmp_path, "--config", str(config), "--trainer.max_steps", "8")) == 0
+    ckpt = _ckpt(_last(tmp_path, 0))
+    assert ckpt["global_step"] == 8
+    guard = ckpt["callbacks"]["NonFiniteLossGuard"]
+    assert guard["skipped_steps"] == 2 and guard["skipped_at"] == [2, 5]
+    assert guard["scaler_skipped_steps"] is None, "no GradScaler in fp32"
+    adam_steps = {float(s["step"]) for s in ckpt["optimizer_states"][0]["state"].values()}
+    assert adam_steps == {6.0}, "AdamW took 6 of the 8 steps: the skipped ones changed no optimizer state"
+    assert all(torch.isfinite(t).all() for t in ckpt["state_dict"].values() if t.is_floating_point())
+    (record_path,) = tmp_path.glob("*/version_0/record.json")
+    record = json.loads(record_path.read_text())
+    assert record["status"] == "ok"
+    assert record["faults"]["nonfinite_skipped_steps"] == 2 and record["faults"]["nonfinite_skipped_at"] == [2, 5]
+
+
+def test_gradscaler_skipped_steps_are_counted_from_the_scale():
+    """A real GradScaler (the CPU one; Lightning's 16-mixed uses the CUDA one) halves its scale on a skip."""
+    param = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.SGD([param], lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    trainer = SimpleNamespace(precision_plugin=SimpleNamespace(scaler=scaler), world_size=1, global_step=0)
+    guard = NonFiniteLossGuard()
+    for factor in (float("inf"), 1.0, float("nan"), 1.0):  # as Lightning's MixedPrecision.optimizer_step does
+        optimizer.zero_grad()
+        (scaler.scale(param.sum()) * factor).backward()
+        scaler.unscale_(optimizer)
+        guard.on_before_optimizer_step(trainer, None, optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        guard.on_train_batch_end(trainer, None, None, None, 0)
+    assert guard.scaler_skipped_steps == 2
+    assert torch.allclose(param, torch.full((3,), 0.8)), "two of the four steps updated the parameter"
+    assert guard.summary()["scaler_skipped_steps"] == 2 and guard.skipped_steps == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the GradScaler runs with 16-mixed on CUDA")
+def test_gradscaler_skips_are_counted_in_a_16_mixed_fit(tmp_path, peak_cache):
+    config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=500, on_nonfinite="skip",
+                               extra=(_nan_at(3),))
+    args = _args(tmp_path, "--config", str(config), "--trainer.precision", "16-mixed",
+                 "--trainer.accelerator", "cuda", "--trainer.max_steps", "8")
+    assert cli_main(args) == 0
+    (record_path,) = tmp_path.glob("*/version_0/record.json")
+    faults = json.loads(record_path.read_text())["faults"]
+    assert faults["nonfinite_skipped_steps"] == 1 and faults["nonfinite_skipped_at"] == [3]
+    # The NaN step's gradients make the scaler skip too; fp16 overflows at the initial scale may add more.
+    assert faults["scaler_skipped_steps"] is not None and 1 <= faults["scaler_skipped_steps"] <= 8
+
+
+# -- DDP: a failing rank ends the job ------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+def test_ddp_rank_failure_ends_the_job_nonzero_in_bounded_time(tmp_path, subprocess_env):
+    """Rank 1 raises at step 2 while rank 0 trains on: both processes are gone soon after, with a non-zero status.
+
+    (gloo: rank 0's next collective fails on the closed connection; NCCL: Lightning's launcher SIGKILLs
+    rank 0 within ~5 s of a child exiting non-zero. The process-group timeout in ddp.yaml bounds a rank that
+    stalls instead of failing.)"""
+    failed_at = tmp_path / "failed_at"
+    args = fit_args(tmp_path, "--config", "configs/ddp.yaml", "--model.model_name", "smallcnn",
+                    "--trainer.max_steps", "6", "--trainer.callbacks+=faults.RaiseAt",
+                    "--trainer.callbacks.step", "2", "--trainer.callbacks.rank", "1",
+                    "--trainer.callbacks.marker", str(failed_at))
+    # capture_output waits for every process holding the pipes: a rank left hanging fails this by timeout.
+    proc = subprocess.run([sys.executable, "main.py", *args], cwd=REPO_ROOT, env=subprocess_env,
+                          capture_output=True, text=True, timeout=240)
+    ended_after_s = time.time() - float(failed_at.read_text())
+    assert proc.returncode != 0
+    assert "injected failure on rank 1 at step 2" in proc.stderr
+    assert ended_after_s < 60, f"the job ended {ended_after_s:.0f} s after rank 1 failed"
