@@ -15,6 +15,8 @@ The last line printed is the ratio of the median step times, callbacks on ÷ off
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import statistics
 import sys
 import tempfile
@@ -25,7 +27,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: `callbacks` package
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the repository root: `callbacks` package
 
 from callbacks.flops_monitor import FlopsMonitor  # noqa: E402
 from callbacks.memory_monitor import MemoryMonitor  # noqa: E402
@@ -33,8 +36,9 @@ from callbacks.run_record import RunRecord  # noqa: E402
 from callbacks.step_timer import StepTimeMonitor  # noqa: E402
 from modelwright.cli import BASE_CONFIG, ModelwrightCLI  # noqa: E402
 from modelwright.data import ImageDataModule  # noqa: E402
-from modelwright.measure import device_sync, percentile  # noqa: E402
+from modelwright.measure import device_sync, hardware_info, percentile, versions  # noqa: E402
 from modelwright.module import ImageClassifier  # noqa: E402
+from modelwright.study import hardware_slug  # noqa: E402
 
 MEASUREMENT = (StepTimeMonitor, MemoryMonitor, FlopsMonitor, RunRecord)
 
@@ -113,6 +117,7 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--accelerator", default="auto")
     parser.add_argument("--model", default=None, help="override model.model_name (default: the base config's)")
     parser.add_argument("--batch-size", type=int, default=None, help="override data.batch_size")
+    parser.add_argument("--out", default=None, help="results file (default: results/<slug>/callback_overhead.json)")
     args = parser.parse_args(argv)
     sys.argv = sys.argv[:1]  # LightningCLI warns when given args while the command line has its own
     if args.steps < args.warmup + 3:
@@ -143,6 +148,21 @@ def main(argv: list[str] | None = None) -> float:
             f"p90 {percentile(t, 90) * 1e3:.1f} ms"
         )
     ratio = statistics.median(times[True]) / statistics.median(times[False])
+    out = Path(args.out) if args.out else REPO / "results" / hardware_slug(args.accelerator) / "callback_overhead.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {
+        "benchmark": "callback_overhead",
+        "command": shlex.join(["uv", "run", "python", "benchmarks/callback_overhead.py", *(argv or [])]),
+        "settings": {"model": args.model or "base config", "batch_size": args.batch_size or "base config",
+                     "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "device": device},
+        "median_step_ms": {"on": statistics.median(times[True]) * 1e3, "off": statistics.median(times[False]) * 1e3},
+        "ratio_on_off": ratio,
+        "hardware": hardware_info(device),
+        "versions": versions(),
+    }
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)
     print(f"overhead: {(ratio - 1) * 100:+.2f}% (median step time on/off = {ratio:.4f})")
     return ratio
 

@@ -4,8 +4,8 @@ To run: ``uv run python benchmarks/main_job.py`` (runs ``main.py fit --config co
 fresh process, with the default settings; about 5 minutes on a 2-core CPU).
 
 Writes ``results/<hardware>/main_job.json`` (command, wall time of the whole process, final val/acc, hardware,
-versions, the run record's id) and rewrites the README between ``<!-- mainjob:start -->`` and
-``<!-- mainjob:end -->``. ``--readme-only`` rewrites the README from the existing JSON without running.
+versions, the run record's id), then the README's sections (``benchmarks/readme_sections.py``).
+``--readme-only`` rewrites the README from the existing JSON without running.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import readme_sections  # noqa: E402
 
 from modelwright.record import read_record  # noqa: E402
-from modelwright.report import hardware_slug  # noqa: E402
+from modelwright.study import hardware_slug  # noqa: E402
 
-START, END = "<!-- mainjob:start -->", "<!-- mainjob:end -->"
 CONFIG = "configs/amp.yaml"
 
 
@@ -55,30 +57,9 @@ def run(config: str) -> dict:
     }
 
 
-def readme_text(result: dict) -> str:
-    hw, v = result["hardware"], result["versions"]
-    device = hw.get("device_name") or hw.get("cpu_model")
-    where = f"{device}, {hw.get('cpu_cores')} cores" if hw.get("accelerator") == "cpu" else device
-    return (
-        f"Measured (`uv run python benchmarks/main_job.py`): `{result['command']}` with the default settings took "
-        f"**{result['process_wall_time_s'] / 60:.1f} minutes** from start to exit and ended with "
-        f"**val/acc {result['val_acc']:.3f}** (chance: 0.100), in `{result['precision']}`, on {where} "
-        f"(torch {v.get('torch')}, lightning {v.get('lightning')}, Python {v.get('python')}).\n"
-    )
-
-
-def update_readme(readme: Path, text: str) -> None:
-    content = readme.read_text()
-    start, end = content.find(START), content.find(END)
-    if start < 0 or end < start:
-        raise SystemExit(f"error: {readme.name}: needs {START} ... {END} markers")
-    readme.write_text(content[: start + len(START)] + "\n" + text + content[end:])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=CONFIG)
-    parser.add_argument("--readme", default=str(REPO / "README.md"))
     parser.add_argument("--readme-only", action="store_true", help="rewrite the README from the existing JSON")
     args = parser.parse_args(argv)
     out = REPO / "results" / hardware_slug() / "main_job.json"
@@ -92,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=2) + "\n")
         tmp.replace(out)
-    update_readme(Path(args.readme), readme_text(result))
-    print(readme_text(result), end="")
+    readme_sections.main()
+    print(readme_sections.main_job_text(result), end="")
     return 0
 
 

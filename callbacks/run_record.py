@@ -239,6 +239,25 @@ def _scalar(value: Any) -> float | None:
         return None
 
 
+def _portable(config: dict[str, Any]) -> dict[str, Any]:
+    """The config without jsonargparse's bookkeeping keys, paths inside the working directory made relative.
+
+    Records are committed and compared across machines: they must not name this machine's folders.
+    """
+    cwd = os.getcwd() + os.sep
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if not str(k).startswith("__")}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, str) and value.startswith(cwd):
+            return value[len(cwd):]
+        return value
+
+    return clean(config)
+
+
 def _resolved_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
     """LightningCLI's resolved config (from its SaveConfigCallback), else the hyperparameters."""
     try:
@@ -250,7 +269,7 @@ def _resolved_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict
         if saver is not None and getattr(saver, "config", None) is not None:
             config = to_jsonable(saver.config)
             if isinstance(config, dict):
-                return config
+                return _portable(config)
     config: dict[str, Any] = {"model": to_jsonable(dict(pl_module.hparams))}
     datamodule = getattr(trainer, "datamodule", None)
     if datamodule is not None and hasattr(datamodule, "hparams"):

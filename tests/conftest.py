@@ -35,8 +35,16 @@ def subprocess_env() -> dict:
 
 
 def fit_args(log_dir: Path, *extra: str) -> list[str]:
-    """``fit`` arguments for a tiny run that logs under ``log_dir``."""
-    return ["fit", *extra, *TINY, "--trainer.logger.init_args.save_dir", str(log_dir)]
+    """``fit`` arguments for a tiny run that logs under ``log_dir``.
+
+    ``--config`` files come first and the tiny sizes next, so that both give way to the other ``extra``
+    arguments (later arguments win in jsonargparse, a ``--config`` included).
+    """
+    configs, others, i = [], [], 0
+    while i < len(extra):
+        (configs if extra[i] == "--config" else others).extend(extra[i : i + 2])
+        i += 2
+    return ["fit", *configs, *TINY, *others, "--trainer.logger.init_args.save_dir", str(log_dir)]
 
 
 sys.path.insert(0, str(REPO_ROOT))

@@ -129,7 +129,8 @@ def test_two_cpu_processes_with_torchrun_write_one_record(tmp_path, subprocess_e
     (path,) = tmp_path.glob("ddp/accelerate/version_*/record.json")  # rank 0 alone writes
     record = read_record(path)
     tech = record["techniques"]
-    assert record["loop"] == "accelerate" and record["config"]["trainer"]["strategy"] == "ddp"
+    strategy = record["config"]["trainer"]["strategy"]
+    assert record["loop"] == "accelerate" and strategy["class_path"].endswith("DDPStrategy")
     assert (tech["world_size"], tech["strategy"], tech["effective_batch_size"]) == (2, "ddp", 8)
     # 24 samples in batches of 4 over 2 processes: 3 steps each, then one validation.
     assert [s for s, _ in record["history"]["train/loss"]] == [1, 2, 3]

@@ -28,6 +28,7 @@ from typing import Any
 
 from modelwright import planner, report
 from modelwright.errors import ConfigError, require
+from modelwright.record import get_path as _get
 from modelwright.record import read_records
 
 DEFAULT_RESULTS_ROOT = Path("results")
@@ -194,15 +195,6 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str | No
 def _ratio(a: float | None, b: float | None) -> float | None:
     a, b = _finite(a), _finite(b)
     return a / b if a is not None and b else None
-
-
-def _get(record: Mapping, path: str, default: Any = None) -> Any:
-    node: Any = record
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 def _display(path: Path, fallback: str) -> str:
@@ -1632,23 +1624,8 @@ def render(
     return "\n".join(parts).rstrip() + "\n"
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _OneLineParser(
+    p = planner.OneLineParser(
         prog="python -m modelwright.analysis",
         description="Write docs/scaling-analysis.md from the study's records and the planner's model.",
     )
@@ -1660,8 +1637,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--records", action="append", type=Path, default=[], help="extra records .jsonl (e.g. DDP runs)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"the document to write (default {DEFAULT_OUT})")
-    p.add_argument("--epochs", type=_positive_float, default=DEFAULT_EPOCHS, help="epochs priced in the economics")
-    p.add_argument("--cpu-usd-per-hour", type=_positive_float, help="price of the CPU machine, to price the CPU job")
+    p.add_argument(
+        "--epochs", type=planner.positive_float, default=DEFAULT_EPOCHS, help="epochs priced in the economics"
+    )
+    p.add_argument(
+        "--cpu-usd-per-hour", type=planner.positive_float, help="price of the CPU machine, to price the CPU job"
+    )
     return p
 
 

@@ -912,12 +912,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value
 
@@ -932,7 +932,7 @@ def _fraction(text: str) -> float:
     return value
 
 
-class _OneLineParser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line (no usage block): ``prog: error: --flag: why``."""
 
     def error(self, message: str):
@@ -941,7 +941,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's argument parser."""
-    p = _OneLineParser(
+    p = OneLineParser(
         prog="python -m modelwright.planner",
         description="Predict per-device memory, communication, step time and cost of DP, ZeRO-1/2/3 (FSDP), "
         "TP and PP at N devices; prints Markdown.",
@@ -963,26 +963,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     src.add_argument(
         "--step-time-ms",
-        type=_positive_float,
+        type=positive_float,
         help="single-device optimizer step; default: the record's",
     )
     src.add_argument("--num-layers", type=_positive_int, help="layers, to size a pipeline boundary")
     scale = p.add_argument_group("scale, network and price")
     scale.add_argument("--devices", type=_positive_int, nargs="+", default=[1, 8, 64], help="device counts N")
-    scale.add_argument("--epochs", type=_positive_float, default=100.0)
+    scale.add_argument("--epochs", type=positive_float, default=100.0)
     scale.add_argument("--dataset-size", type=_positive_int, default=50_000)
     scale.add_argument(
         "--price-per-hour",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_USD_PER_DEVICE_HOUR,
         help=f"USD per device-hour (default {DEFAULT_USD_PER_DEVICE_HOUR:.2f}: {DEFAULT_DEVICE}, "
         f"{PRICE_DATE})",
     )
-    scale.add_argument("--bus-bandwidth-gb-per-s", type=_positive_float, default=50.0)
+    scale.add_argument("--bus-bandwidth-gb-per-s", type=positive_float, default=50.0)
     scale.add_argument(
         "--overlap", type=_fraction, default=0.0, help="communication overlap fraction in [0, 1]"
     )
-    scale.add_argument("--device-memory-gib", type=_positive_float, default=80.0)
+    scale.add_argument("--device-memory-gib", type=positive_float, default=80.0)
     scale.add_argument("--pp-microbatches", type=_positive_int, help="default 4 × stages")
     scale.add_argument("--pp-interleave", type=_positive_int, default=1)
     scale.add_argument(

@@ -203,6 +203,16 @@ def _check_section(prefix: str, record: Mapping, spec: Mapping, errors: list[str
             _check_section(path + ".", value, sub, errors)
 
 
+def get_path(mapping: Any, path: str, default: Any = None) -> Any:
+    """``mapping["a"]["b"]`` for ``path`` ``"a.b"``; ``default`` where a part is missing."""
+    node: Any = mapping
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
 def validate_record(record: Any) -> list[str]:
     """Every way ``record`` departs from :data:`SCHEMA`, one message per problem (empty when valid)."""
     if not isinstance(record, Mapping):

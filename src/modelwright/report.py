@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from modelwright.errors import ConfigError, require
+from modelwright.record import get_path as _get
 from modelwright.record import read_records
 
 START_MARKER = "<!-- results:start -->"
@@ -54,13 +55,6 @@ ANATOMY_COLUMNS = ("parameters", "gradients", "optimizer_state", "activations", 
 # --------------------------------------------------------------------------------------------------
 
 
-def _get(record: Mapping, path: str, default: Any = None) -> Any:
-    node: Any = record
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 def _num(value: Any) -> float | None:

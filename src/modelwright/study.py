@@ -54,7 +54,7 @@ from typing import Any
 import yaml
 
 from modelwright.errors import ConfigError, require
-from modelwright.record import append_record, new_record, read_records, to_jsonable, validate_record
+from modelwright.record import append_record, get_path, new_record, read_records, to_jsonable, validate_record
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO_ROOT / "configs" / "base.yaml"
@@ -233,13 +233,7 @@ def set_dotted(config: dict, key: str, value: Any) -> None:
     node[parts[-1]] = copy.deepcopy(value)
 
 
-def get_dotted(config: Mapping, key: str, default: Any = None) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
+get_dotted = get_path  # the study reads configs and records alike by dotted key
 
 
 def _load_yaml(path: Path) -> dict:

@@ -1,0 +1,97 @@
+"""Write the README's benchmark statements from the results files, never by hand.
+
+To run: ``uv run python benchmarks/readme_sections.py`` (after ``benchmarks/main_job.py``,
+``benchmarks/callback_overhead.py`` and ``benchmarks/overhead.py`` have written ``results/<hardware>/``).
+
+Each section lives between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``; a results file that is missing
+leaves its section saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _where(result: dict) -> str:
+    hw, v = result.get("hardware") or {}, result.get("versions") or {}
+    device = hw.get("device_name") or hw.get("cpu_model")
+    cores = f", {hw.get('cpu_cores')} cores" if hw.get("accelerator") == "cpu" else ""
+    return (
+        f"{device}{cores}; torch {v.get('torch')}, lightning {v.get('lightning')}, "
+        f"accelerate {v.get('accelerate')}, Python {v.get('python')}"
+    )
+
+
+def main_job_text(result: dict) -> str:
+    return (
+        f"Measured (`uv run python benchmarks/main_job.py`): `{result['command']}` with the default settings took "
+        f"**{result['process_wall_time_s'] / 60:.1f} minutes** from start to exit and ended with "
+        f"**val/acc {result['val_acc']:.3f}** (chance: 0.100), in `{result['precision']}`, on {_where(result)}.\n"
+    )
+
+
+def overhead_text(callback: dict | None, loops: dict | None) -> str:
+    lines = []
+    if callback:
+        on, off = callback["median_step_ms"]["on"], callback["median_step_ms"]["off"]
+        s = callback["settings"]
+        lines.append(
+            f"**What measuring costs.** With the measurement callbacks on, the median step of the default job took "
+            f"{on:.0f} ms against {off:.0f} ms with them off: **{(callback['ratio_on_off'] - 1) * 100:+.1f}%** "
+            f"({s['repeats']} interleaved pairs of runs, {s['steps'] - s['warmup']} timed steps each; "
+            f"`{callback['command']}`; {_where(callback)})."
+        )
+    if loops:
+        s, parts = loops["settings"], []
+        for name in ("raw", "accelerate", "lightning"):
+            if name in loops["loops"]:
+                summary = loops["loops"][name]
+                ratio = f", {summary['ratio_to_raw']:.3f}× raw" if name != "raw" else ""
+                parts.append(f"{name} {summary['median_step_ms']:.0f} ms{ratio}")
+        lines.append(
+            f"**Lightning and Accelerate against a raw PyTorch loop** ({s['model']}, batch {s['batch_size']}, "
+            f"{s['precision']}, {s['optimizer']}; median step over {s['repeats']} interleaved runs of each, "
+            f"{s['measured_steps']} timed steps; `{loops['command']}`; {_where(loops)}): " + "; ".join(parts) + "."
+        )
+    if not lines:
+        return "No overhead measurement recorded yet: run `uv run python benchmarks/callback_overhead.py`.\n"
+    return "\n\n".join(lines) + "\n"
+
+
+def replace_section(text: str, name: str, body: str) -> str:
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < i:
+        raise SystemExit(f"error: README.md: needs {start} ... {end} markers")
+    return text[: i + len(start)] + "\n" + body + text[j:]
+
+
+def _load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    sys.path.insert(0, str(REPO / "src"))
+    from modelwright.study import hardware_slug
+
+    results = REPO / "results" / hardware_slug()
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    main_job = _load(results / "main_job.json")
+    if main_job:
+        text = replace_section(text, "mainjob", main_job_text(main_job))
+    overhead = overhead_text(_load(results / "callback_overhead.json"), _load(results / "overhead-resnet18.json"))
+    text = replace_section(text, "overhead", overhead)
+    tmp = readme.with_suffix(".md.tmp")
+    tmp.write_text(text)
+    tmp.replace(readme)
+    print(f"README.md: sections written from {results.relative_to(REPO)}/")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
