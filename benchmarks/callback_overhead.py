@@ -9,7 +9,9 @@ without, alternating which goes first. A probe callback of its own, present in b
 optimizer step as the interval between consecutive ``on_train_batch_start`` calls, so all hooks of a
 step, data loading and logging are inside. Left out: the first ``--warmup`` steps and, with the
 callbacks on, the steps they announce as perturbed (the memory-anatomy capture, the FLOP count).
-The last line printed is the ratio of the median step times, callbacks on ÷ off.
+The last line printed is the median over the pairs of the ratio of median step times, callbacks on ÷ off
+(each pair ran back to back, so a shared machine's slow drifts cancel); ``results/<hardware>/callback_overhead.json``
+keeps it with every pair's ratio, the hardware and the versions.
 """
 
 from __future__ import annotations
@@ -118,23 +120,28 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--model", default=None, help="override model.model_name (default: the base config's)")
     parser.add_argument("--batch-size", type=int, default=None, help="override data.batch_size")
     parser.add_argument("--out", default=None, help="results file (default: results/<slug>/callback_overhead.json)")
+    given = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     sys.argv = sys.argv[:1]  # LightningCLI warns when given args while the command line has its own
     if args.steps < args.warmup + 3:
         parser.error("--steps must leave at least 3 steps after --warmup")
 
     times: dict[bool, list[float]] = {True: [], False: []}
+    pair_ratios: list[float] = []  # per repeat: median on / median off, the two runs side by side
     with tempfile.TemporaryDirectory(prefix="modelwright-overhead-") as log_dir:
         for r in range(args.repeats):
+            medians: dict[bool, float] = {}
             for on in (True, False) if r % 2 == 0 else (False, True):
                 kept = one_run(args, on, log_dir)
                 times[on].extend(kept)
+                medians[on] = statistics.median(kept)
                 label = "on " if on else "off"
                 print(
                     f"repeat {r + 1}/{args.repeats} callbacks {label}: {len(kept)} steps, "
                     f"median {statistics.median(kept) * 1e3:.1f} ms",
                     flush=True,
                 )
+            pair_ratios.append(medians[True] / medians[False])
 
     device = "cuda" if torch.cuda.is_available() and args.accelerator in ("auto", "gpu", "cuda") else "cpu"
     print(
@@ -147,23 +154,26 @@ def main(argv: list[str] | None = None) -> float:
             f"callbacks {'on ' if on else 'off'}: n={len(t)} median {statistics.median(t) * 1e3:.1f} ms, "
             f"p90 {percentile(t, 90) * 1e3:.1f} ms"
         )
-    ratio = statistics.median(times[True]) / statistics.median(times[False])
+    # The median of the per-pair ratios: each pair ran back to back, so slow drifts of a shared machine cancel.
+    ratio = statistics.median(pair_ratios)
     out = Path(args.out) if args.out else REPO / "results" / hardware_slug(args.accelerator) / "callback_overhead.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "callback_overhead",
-        "command": shlex.join(["uv", "run", "python", "benchmarks/callback_overhead.py", *(argv or [])]),
+        "command": shlex.join(["uv", "run", "python", "benchmarks/callback_overhead.py", *given]),
         "settings": {"model": args.model or "base config", "batch_size": args.batch_size or "base config",
                      "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats, "device": device},
         "median_step_ms": {"on": statistics.median(times[True]) * 1e3, "off": statistics.median(times[False]) * 1e3},
         "ratio_on_off": ratio,
+        "pair_ratios": pair_ratios,
         "hardware": hardware_info(device),
         "versions": versions(),
     }
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n")
     tmp.replace(out)
-    print(f"overhead: {(ratio - 1) * 100:+.2f}% (median step time on/off = {ratio:.4f})")
+    print(f"overhead: {(ratio - 1) * 100:+.2f}% (median over {len(pair_ratios)} pairs of on/off median step time = "
+          f"{ratio:.4f}; pairs: {', '.join(f'{r:.3f}' for r in pair_ratios)})")
     return ratio
 
 

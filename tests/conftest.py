@@ -44,7 +44,7 @@ def fit_args(log_dir: Path, *extra: str) -> list[str]:
     while i < len(extra):
         (configs if extra[i] == "--config" else others).extend(extra[i : i + 2])
         i += 2
-    return ["fit", *configs, *TINY, *others, "--trainer.logger.init_args.save_dir", str(log_dir)]
+    return ["fit", *configs, *TINY, "--trainer.logger.init_args.save_dir", str(log_dir), *others]
 
 
 sys.path.insert(0, str(REPO_ROOT))

@@ -94,12 +94,21 @@ BAD_INPUTS = {
     "unknown key": (["--model.learning_rate", "0.1"], "model.learning_rate"),
     "wrong type": (["--data.batch_size", "many"], "data.batch_size"),
     "resume with nothing to resume": (["--ckpt_path", "last"], "ckpt_path"),
+    "missing checkpoint": (["--ckpt_path", "{tmp}/nothing.ckpt"], "ckpt_path"),
+    "corrupted checkpoint": (["--ckpt_path", "{tmp}/corrupt.ckpt"], "corrupt.ckpt"),
+    "log dir that cannot be made": (["--trainer.logger.init_args.save_dir", "{tmp}/a-file/logs"], "save_dir"),
+    "unreadable config": (["--config", "{tmp}/broken.yaml"], "broken.yaml"),
+    "fsdp on cpu": (["--trainer.strategy", "fsdp", "--trainer.accelerator", "cpu"], "trainer.strategy"),
+    "zero validation size": (["--data.val_size", "0"], "data.val_size"),
 }
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS, ids=list(BAD_INPUTS))
 def test_bad_input_fails_in_one_line(case, tmp_path, capsys):
     args, key = BAD_INPUTS[case]
+    (tmp_path / "corrupt.ckpt").write_bytes(b"PK\x03\x04 not really a checkpoint")
+    (tmp_path / "a-file").write_text("a file where a folder should be")
+    (tmp_path / "broken.yaml").write_text("model: [unclosed\n")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     log_dir = tmp_path / "logs"
     assert cli_main(fit_args(log_dir, *args, "--trainer.max_steps", "1")) == 2

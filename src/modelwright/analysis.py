@@ -620,7 +620,9 @@ def current_records(study: Study) -> list[dict]:
 def _single_device_reference(record: Mapping, pool: Sequence[dict]) -> dict | None:
     """The latest ok single-device record of the same model and techniques (batch aside), to predict from."""
     t = record.get("techniques") or {}
-    keys = ("model_name", "precision", "optimizer", "gradient_checkpointing", "channels_last", "compile")
+    keys = (
+        "model_name", "precision", "optimizer", "optimizer_impl", "gradient_checkpointing", "channels_last", "compile"
+    )
     matches = [
         r
         for r in pool

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import sys
+import zipfile
 from pathlib import Path
 
 import torch
@@ -47,6 +48,46 @@ def find_last_checkpoint(log_root: Path) -> Path:
     if not candidates:
         raise ConfigError(f"ckpt_path: 'last' but no last.ckpt under {log_root}/version_*/checkpoints")
     return candidates[-1]
+
+
+def check_config_files(argv: list[str]) -> None:
+    """Raise, naming the file, for a ``--config`` file that is not valid YAML (jsonargparse's message does not)."""
+    import yaml
+
+    for flag, value in zip(argv, argv[1:], strict=False):
+        path = Path(value)
+        if flag not in ("--config", "-c") or not path.is_file():
+            continue  # a missing file is jsonargparse's to report, with its name
+        try:
+            yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            where = getattr(err, "problem_mark", None)
+            line = f" line {where.line + 1}" if where is not None else ""
+            problem = getattr(err, "problem", None) or err
+            raise ConfigError(f"config: {path}:{line} is not valid YAML ({problem})") from None
+        except OSError as err:
+            raise ConfigError(f"config: cannot read {path} ({err.strerror})") from None
+
+
+def check_writable_dir(path: Path, key: str) -> None:
+    """Raise unless ``path`` is, or can be created as, a folder this process may write in."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{key}: cannot create {path}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: cannot write in {existing}")
+
+
+def check_checkpoint(path: Path) -> None:
+    """Raise unless ``path`` is a PyTorch checkpoint file (a zip archive) or a distributed-checkpoint folder."""
+    if path.is_dir():
+        return
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path: no checkpoint at {path}")
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(f"ckpt_path: {path} is not a PyTorch checkpoint (truncated or corrupted?)")
 
 
 def _check_strategy(trainer_cfg) -> None:
@@ -80,11 +121,13 @@ class ModelwrightCLI(LightningCLI):
         )
         _check_strategy(trainer)
         init_args = _logger_init_args(trainer)
+        if init_args is not None and init_args.get("save_dir"):
+            check_writable_dir(Path(init_args["save_dir"]), "trainer.logger.init_args.save_dir")
         if cfg.get("ckpt_path") == "last" and init_args is not None:
             root = Path(init_args["save_dir"]) / (init_args.get("name") or "")
             cfg["ckpt_path"] = str(find_last_checkpoint(root))
-        elif cfg.get("ckpt_path") and not Path(cfg["ckpt_path"]).is_file():
-            raise ConfigError(f"ckpt_path: no checkpoint file at {cfg['ckpt_path']}")
+        if cfg.get("ckpt_path"):
+            check_checkpoint(Path(cfg["ckpt_path"]))
 
     def after_instantiate_classes(self) -> None:
         sub = self.config.get("subcommand")
@@ -123,6 +166,7 @@ def cli_main(args: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0, or 2 for a configuration error)."""
     debug = os.environ.get("MODELWRIGHT_DEBUG") == "1"
     try:
+        check_config_files(sys.argv[1:] if args is None else args)
         ModelwrightCLI(
             ImageClassifier,
             ImageDataModule,
