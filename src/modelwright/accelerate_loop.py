@@ -57,7 +57,7 @@ from callbacks.flops_monitor import FlopsMonitor
 from callbacks.memory_monitor import MemoryMonitor
 from callbacks.run_record import RunRecord
 from callbacks.step_timer import StepTimeMonitor
-from modelwright.cli import BASE_CONFIG, one_line
+from modelwright.cli import BASE_CONFIG, user_error_message
 from modelwright.data import ImageDataModule
 from modelwright.errors import ConfigError, require
 from modelwright.measure import (
@@ -983,8 +983,7 @@ def main(args: list[str] | None = None) -> int:
     except (ConfigError, argparse.ArgumentError) as err:
         if debug:
             raise
-        message = one_line(err) if isinstance(err, argparse.ArgumentError) else str(err)
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {user_error_message(err)}", file=sys.stderr)
         return 2
     finally:
         if not distributed:

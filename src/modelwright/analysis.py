@@ -146,17 +146,7 @@ def _pct(fraction: float | None, signed: bool = False) -> str:
 
 def _duration(seconds: float | None) -> str:
     v = _finite(seconds)
-    if v is None:
-        return "–"
-    if v < 1:
-        return f"{v * 1000:.3g} ms"
-    if v < 120:
-        return f"{v:.3g} s"
-    if v < 2 * 3600:
-        return f"{v / 60:.3g} min"
-    if v < 2 * 86400:
-        return f"{v / 3600:.3g} h"
-    return f"{v / 86400:.3g} days"
+    return "–" if v is None else planner.format_duration(v)
 
 
 def _ms(value: float | None) -> str:

@@ -162,6 +162,11 @@ def one_line(err: argparse.ArgumentError) -> str:
     return f"{key}: {first}"
 
 
+def user_error_message(err: ConfigError | argparse.ArgumentError) -> str:
+    """The one line a user sees for a configuration error."""
+    return one_line(err) if isinstance(err, argparse.ArgumentError) else str(err)
+
+
 def cli_main(args: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0, or 2 for a configuration error)."""
     debug = os.environ.get("MODELWRIGHT_DEBUG") == "1"
@@ -183,8 +188,7 @@ def cli_main(args: list[str] | None = None) -> int:
     except (ConfigError, argparse.ArgumentError) as err:
         if debug:
             raise
-        message = one_line(err) if isinstance(err, argparse.ArgumentError) else str(err)
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {user_error_message(err)}", file=sys.stderr)
         return 2
     except FloatingPointError as err:  # callbacks.fault_tolerance.NonFiniteLossError: the run diverged
         if debug:

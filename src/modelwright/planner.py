@@ -755,7 +755,8 @@ def _count(n: float) -> str:
     return f"{n:.0f}"
 
 
-def _duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
+    """Seconds as the largest fitting unit, three significant digits (``"2.5 min"``, ``"3.1 days"``)."""
     if seconds < 1:
         return f"{seconds * 1000:.3g} ms"
     if seconds < 120:
@@ -764,7 +765,7 @@ def _duration(seconds: float) -> str:
         return f"{seconds / 60:.3g} min"
     if seconds < 2 * 86400:
         return f"{seconds / 3600:.3g} h"
-    return f"{seconds / 86400:.3g} d"
+    return f"{seconds / 86400:.3g} days"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -867,12 +868,12 @@ def markdown_tables(
                     STRATEGY_LABELS[s],
                     str(n),
                     f"{p.comm_bytes / MIB:,.1f}",
-                    _duration(p.comm_s),
-                    _duration(p.compute_s),
+                    format_duration(p.comm_s),
+                    format_duration(p.compute_s),
                     f"{p.bubble_fraction:.0%}",
-                    _duration(p.step_s),
+                    format_duration(p.step_s),
                     f"{p.samples_per_s:,.1f}",
-                    _duration(train_time_s(p.samples_per_s, epochs, dataset_size)),
+                    format_duration(train_time_s(p.samples_per_s, epochs, dataset_size)),
                     f"{cost_usd(n, train_time_s(p.samples_per_s, epochs, dataset_size) / 3600, usd):,.2f}",
                 ]
                 for s, n, p in preds
