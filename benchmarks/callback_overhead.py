@@ -9,9 +9,18 @@ without, alternating which goes first. A probe callback of its own, present in b
 optimizer step as the interval between consecutive ``on_train_batch_start`` calls, so all hooks of a
 step, data loading and logging are inside. Left out: the first ``--warmup`` steps and, with the
 callbacks on, the steps they announce as perturbed (the memory-anatomy capture, the FLOP count).
-The last line printed is the median over the pairs of the ratio of median step times, callbacks on ÷ off
-(each pair ran back to back, so a shared machine's slow drifts cancel); ``results/<hardware>/callback_overhead.json``
-keeps it with every pair's ratio, the hardware and the versions.
+The median over the pairs of the ratio of median step times, callbacks on ÷ off, is the side-by-side figure
+(each pair ran back to back, so a shared machine's slow drifts cancel, but not its step-to-step noise).
+
+The direct figure: in the runs with the callbacks on, every hook of the measurement callbacks is timed
+(``HookClock``), and the time a step spends inside them is set against the median step. It is immune to the
+machine's noise (it does not subtract two noisy step times) and catches everything the callbacks do in their
+hooks, their ``self.log`` calls included; what it cannot see is a cost they cause outside their hooks (the
+logger writing more scalars at ``log_every_n_steps``). On a GPU a hook that synchronizes the device is charged
+for the wait, so there it is an upper bound.
+
+The last line printed gives both; ``results/<hardware>/callback_overhead.json`` keeps them with every pair's
+ratio, the per-step hook times, the hardware and the versions.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -55,6 +65,7 @@ class StepProbe(Callback):
         self.durations: list[tuple[int, float]] = []  # (global_step, seconds)
         self._last: tuple[int, float] | None = None
         self._sync = device_sync(None)
+        self.on_step = lambda step: None  # told each step's global_step as it starts
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._sync = device_sync(pl_module.device)
@@ -65,12 +76,48 @@ class StepProbe(Callback):
         if self._last is not None:
             self.durations.append((self._last[0], now - self._last[1]))
         self._last = (trainer.global_step, now)
+        self.on_step(trainer.global_step)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._last = None  # an interval across validation is not a step
 
 
-def one_run(args: argparse.Namespace, callbacks_on: bool, log_dir: str) -> list[float]:
+class HookClock:
+    """Wall time spent inside the hooks of some callbacks, charged to the step running at the time.
+
+    Each hook a callback overrides is wrapped on the instance. A hook called between one
+    ``on_train_batch_start`` of the probe (which sets :attr:`current`) and the next is charged to that step;
+    before the first step, to ``"setup"``; after the last, to ``"teardown"``.
+    """
+
+    def __init__(self, callbacks: list[Callback]) -> None:
+        self.per_step: dict[int | str, float] = defaultdict(float)
+        self.per_hook: dict[str, float] = defaultdict(float)
+        self.current: int | str = "setup"
+        for cb in callbacks:
+            for name in dir(Callback):
+                if not (name.startswith("on_") or name in ("setup", "teardown")):
+                    continue
+                if getattr(type(cb), name, None) is getattr(Callback, name):
+                    continue  # not overridden: Lightning's no-op
+                setattr(cb, name, self._timed(getattr(cb, name), f"{type(cb).__name__}.{name}"))
+
+    def _timed(self, hook, label: str):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return hook(*args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t0
+                self.per_step[self.current] += dt
+                self.per_hook[label] += dt
+
+        return timed
+
+
+def one_run(
+    args: argparse.Namespace, callbacks_on: bool, log_dir: str, hook_times: list[float] | None = None
+) -> list[float]:
     """Train ``args.steps`` steps of the base config; the kept step times in seconds."""
     overrides = [
         f"--trainer.max_steps={args.steps}",
@@ -100,15 +147,21 @@ def one_run(args: argparse.Namespace, callbacks_on: bool, log_dir: str) -> list[
     elif not any(isinstance(cb, StepTimeMonitor) for cb in trainer.callbacks):
         raise SystemExit("configs/base.yaml switches no measurement callbacks on: nothing to compare")
     probe = StepProbe()
+    clock = HookClock([cb for cb in trainer.callbacks if isinstance(cb, MEASUREMENT)]) if callbacks_on else None
+    if clock is not None:
+        probe.on_step = lambda step: setattr(clock, "current", step)
     trainer.callbacks.insert(0, probe)
     trainer.fit(cli.model, cli.datamodule)
     perturbers = [cb for cb in trainer.callbacks if hasattr(cb, "perturbs_step")]
     first = probe.durations[0][0] if probe.durations else 0
-    return [
-        dt
+    kept = [
+        (step, dt)
         for step, dt in probe.durations
         if step - first >= args.warmup and not any(cb.perturbs_step(step) for cb in perturbers)
     ]
+    if clock is not None and hook_times is not None:
+        hook_times.extend(clock.per_step.get(step, 0.0) for step, _ in kept)
+    return [dt for _, dt in kept]
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -127,12 +180,13 @@ def main(argv: list[str] | None = None) -> float:
         parser.error("--steps must leave at least 3 steps after --warmup")
 
     times: dict[bool, list[float]] = {True: [], False: []}
+    hook_times: list[float] = []  # per kept step with the callbacks on: seconds inside their hooks
     pair_ratios: list[float] = []  # per repeat: median on / median off, the two runs side by side
     with tempfile.TemporaryDirectory(prefix="modelwright-overhead-") as log_dir:
         for r in range(args.repeats):
             medians: dict[bool, float] = {}
             for on in (True, False) if r % 2 == 0 else (False, True):
-                kept = one_run(args, on, log_dir)
+                kept = one_run(args, on, log_dir, hook_times)
                 times[on].extend(kept)
                 medians[on] = statistics.median(kept)
                 label = "on " if on else "off"
@@ -156,6 +210,10 @@ def main(argv: list[str] | None = None) -> float:
         )
     # The median of the per-pair ratios: each pair ran back to back, so slow drifts of a shared machine cancel.
     ratio = statistics.median(pair_ratios)
+    median_off = statistics.median(times[False])
+    hooks_median, hooks_max = statistics.median(hook_times), max(hook_times)
+    print(f"hooks of the measurement callbacks: median {hooks_median * 1e3:.3f} ms per step, max "
+          f"{hooks_max * 1e3:.3f} ms over {len(hook_times)} steps")
     out = Path(args.out) if args.out else REPO / "results" / hardware_slug(args.accelerator) / "callback_overhead.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {
@@ -166,14 +224,18 @@ def main(argv: list[str] | None = None) -> float:
         "median_step_ms": {"on": statistics.median(times[True]) * 1e3, "off": statistics.median(times[False]) * 1e3},
         "ratio_on_off": ratio,
         "pair_ratios": pair_ratios,
+        "hooks_ms_per_step": {"median": hooks_median * 1e3, "max": hooks_max * 1e3, "steps": len(hook_times)},
+        "hooks_fraction_of_step": hooks_median / median_off,
         "hardware": hardware_info(device),
         "versions": versions(),
     }
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n")
     tmp.replace(out)
-    print(f"overhead: {(ratio - 1) * 100:+.2f}% (median over {len(pair_ratios)} pairs of on/off median step time = "
-          f"{ratio:.4f}; pairs: {', '.join(f'{r:.3f}' for r in pair_ratios)})")
+    print(f"overhead: side by side {(ratio - 1) * 100:+.2f}% (median over {len(pair_ratios)} pairs of on/off median "
+          f"step time = {ratio:.4f}; pairs: {', '.join(f'{r:.3f}' for r in pair_ratios)}); direct "
+          f"{hooks_median / median_off * 100:.3f}% (time inside the callbacks' hooks per step, median, "
+          f"÷ median step {median_off * 1e3:.0f} ms)")
     return ratio
 
 

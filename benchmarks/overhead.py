@@ -9,7 +9,8 @@ The three loops train the same network (:func:`modelwright.models.build_model`),
 optimizer and schedule (:func:`modelwright.module.build_optimizer` / ``build_scheduler``, hyperparameters from
 ``configs/base.yaml``), for the same number of steps:
 
-* ``raw``: a plain loop (autocast for mixed precision, ``GradScaler`` for fp16); no metric, no logging;
+* ``raw``: a plain loop (autocast for mixed precision, ``GradScaler`` for fp16; the base config's ``channels_last``
+  and ``compile``); no metric, no logging;
 * ``accelerate``: ``modelwright.accelerate_loop.main`` with ``configs/base.yaml``'s callbacks (step timer,
   memory monitor, FLOP counter, run record, loss guard, LR logging, TensorBoard);
 * ``lightning``: ``modelwright.cli.cli_main(["fit", ...])``, the project's Trainer as configured (progress bar,
@@ -26,7 +27,8 @@ the loop does between steps (logging, callbacks, progress bar). A loop that read
 fetches one batch early to know which is last) is recognised by counting the fetches made before the network's
 first forward call, and its stamps are shifted by that many. The first ``--warmup`` steps are left out; the
 per-run figure is the median step, the loop's figure the median over ``--repeats`` runs, which run
-interleaved (raw, accelerate, lightning, raw, ...) so that a machine growing busier or cooler hits all three.
+interleaved (raw, accelerate, lightning, raw, ...) so that a machine growing busier or cooler hits all three;
+a loop's ratio to raw is taken within each repeat and the median over repeats is its figure.
 
 ``--epoch`` times epochs instead: from the first batch of one epoch to the first batch of the next (so epoch-end
 hooks and the new loader pass are inside), after one warm-up epoch. Lightning's own parity test tolerates
@@ -141,6 +143,10 @@ def _raw_loop(spec: dict[str, Any], device) -> None:
     hp = spec["model_hparams"]
     seed_everything(spec["seed"])
     net = mm.build_model(spec["model"], hp.get("num_classes", 10)).to(device)
+    # The memory format and compile of the base config, as ImageClassifier applies them.
+    fmt = torch.channels_last if hp.get("channels_last") else torch.contiguous_format
+    net = net.to(memory_format=fmt)
+    forward = torch.compile(net) if hp.get("compile") else net
     dm = ImageDataModule(batch_size=spec["batch_size"], train_size=spec["train_size"], num_workers=0)
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -159,9 +165,9 @@ def _raw_loop(spec: dict[str, Any], device) -> None:
     step = 0
     for _ in range(spec["max_epochs"]):
         for x, y in loader:
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            x, y = x.to(device, non_blocking=True).contiguous(memory_format=fmt), y.to(device, non_blocking=True)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = F.cross_entropy(net(x), y, label_smoothing=hp.get("label_smoothing", 0.0))
+                loss = F.cross_entropy(forward(x), y, label_smoothing=hp.get("label_smoothing", 0.0))
             if scaler is not None:
                 scaler.scale(loss).backward()
                 scaler.step(optimizer)
@@ -264,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accelerator", default="auto", help="auto, cpu or cuda")
     p.add_argument("--warmup", type=int, default=2, help="steps left out at the start of each run")
     p.add_argument("--steps", type=int, default=6, help="timed steps per run")
-    p.add_argument("--repeats", type=int, default=3, help="runs per loop, interleaved")
+    p.add_argument("--repeats", type=int, default=5, help="runs per loop, interleaved")
     p.add_argument("--epoch", action="store_true", help="time whole epochs (one warm-up epoch, then --epochs)")
     p.add_argument("--epochs", type=int, default=1, help="timed epochs per run with --epoch")
     p.add_argument("--train-size", type=int, default=None,
@@ -414,12 +420,26 @@ def run(args: argparse.Namespace) -> int:
         loops_out[name] = summary
     ratios: dict[str, float] = {}
     if "raw" in loops_out:
-        raw = loops_out["raw"]
+        # Within each repeat the three loops ran back to back: the ratio to raw is taken inside a repeat, and the
+        # loop's figure is the median over repeats, so a machine that grows busier between repeats hits all alike.
+        raw_runs = loops_out["raw"]["runs"]
         for name, summary in loops_out.items():
-            summary["ratio_to_raw"] = summary["median_step_ms"] / raw["median_step_ms"]
+            runs = summary["runs"]
+            summary["repeat_ratios_to_raw"] = [
+                e["median_step_ms"] / r["median_step_ms"] for e, r in zip(runs, raw_runs, strict=True)
+            ]
+            summary["ratio_to_raw"] = statistics.median(summary["repeat_ratios_to_raw"])
             if args.epoch:
-                summary["epoch_ratio_to_raw"] = summary["epoch_time_s"] / raw["epoch_time_s"]
-                summary["epoch_overhead_s"] = summary["epoch_time_s"] - raw["epoch_time_s"]
+                per_repeat = [
+                    statistics.median(e["epoch_times_s"]) / statistics.median(r["epoch_times_s"])
+                    for e, r in zip(runs, raw_runs, strict=True)
+                ]
+                summary["repeat_epoch_ratios_to_raw"] = per_repeat
+                summary["epoch_ratio_to_raw"] = statistics.median(per_repeat)
+                summary["epoch_overhead_s"] = statistics.median(
+                    statistics.median(e["epoch_times_s"]) - statistics.median(r["epoch_times_s"])
+                    for e, r in zip(runs, raw_runs, strict=True)
+                )
             if name != "raw":
                 ratios[name] = summary["epoch_ratio_to_raw" if args.epoch else "ratio_to_raw"]
 

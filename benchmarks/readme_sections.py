@@ -66,6 +66,27 @@ def overhead_text(callback: dict | None, loops: dict | None) -> str:
     return "\n\n".join(lines) + "\n"
 
 
+def cpu_defaults_text(result: dict | None) -> str:
+    if not result:
+        return "No CPU-defaults measurement recorded yet: run `uv run python benchmarks/cpu_defaults.py`.\n"
+    s = result["settings"]
+    rows = ["| setting | option | median step | vs first option | MFU | warm-up steps |", "|---|---|---|---|---|---|"]
+    for group in result["groups"]:
+        for o in group["options"]:
+            option = o["option"].split("=", 1)[1] + (" **(default)**" if o["default"] else "")
+            mfu = f"{o['mfu']:.0%}" if o.get("mfu") is not None else "n/a"
+            warm = f"{o['warmup_s']:.1f} s" if o.get("warmup_s") is not None else "n/a"
+            rows.append(f"| {group['group']} | {option} | {o['median_step_ms']:.0f} ms | "
+                        f"{o['ratio_to_reference']:.2f}× | {mfu} | {warm} |")
+    return (
+        f"Measured (`{result['command']}`; {s['model']}, batch {s['batch_size']}, {s['precision']}, "
+        f"{s['optimizer']}; each option's step taken in turn with the others, {s['rounds']} rounds, the figure the "
+        f"median over rounds of its ratio to the first option; MFU against the measured peak of "
+        f"{result['peak_flops_per_s'] / 1e9:.0f} GFLOP/s; warm-up: the {s['warmup']} unmeasured first steps, "
+        f"compilation included; {_where(result)}):\n\n" + "\n".join(rows) + "\n"
+    )
+
+
 def replace_section(text: str, name: str, body: str) -> str:
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     i, j = text.find(start), text.find(end)
@@ -90,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         text = replace_section(text, "mainjob", main_job_text(main_job))
     overhead = overhead_text(_load(results / "callback_overhead.json"), _load(results / "overhead-resnet18.json"))
     text = replace_section(text, "overhead", overhead)
+    if "<!-- cpudefaults:start -->" in text:
+        text = replace_section(text, "cpudefaults", cpu_defaults_text(_load(results / "cpu_defaults.json")))
     tmp = readme.with_suffix(".md.tmp")
     tmp.write_text(text)
     tmp.replace(readme)

@@ -100,6 +100,7 @@ BAD_INPUTS = {
     "unreadable config": (["--config", "{tmp}/broken.yaml"], "broken.yaml"),
     "fsdp on cpu": (["--trainer.strategy", "fsdp", "--trainer.accelerator", "cpu"], "trainer.strategy"),
     "zero validation size": (["--data.val_size", "0"], "data.val_size"),
+    "unknown malloc mode": (["--cpu_malloc", "fast"], "cpu_malloc"),
 }
 
 

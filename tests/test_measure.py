@@ -553,3 +553,38 @@ def test_schema_document_names_every_key():
 
     missing = [k for k in keys(SCHEMA) if f"`{k.split('.')[-1]}`" not in doc]
     assert not missing, f"docs/record-schema.md lacks {missing}"
+
+
+def test_cpu_peak_is_the_faster_of_blas_matmul_and_onednn_convolution(monkeypatch):
+    """On a CPU whose BLAS sgemm is slow the 1×1 convolution sets the peak (and vice versa): the best kernel wins."""
+    gen = torch.Generator().manual_seed(0)
+    kernels = measure._gemm_kernels(torch.device("cpu"), torch.float32, 64, gen)
+    assert set(kernels) == {"matmul", "conv1x1"}
+    # Both compute the same n×n×n product: same shape of work, so 2·n³ FLOPs each.
+    assert kernels["conv1x1"]().shape == (1, 64, 32, 2) and kernels["matmul"]().shape == (64, 64)
+
+    for slow, fast_s in (("matmul", 0.5), ("conv1x1", 0.25)):
+        durations = {"matmul": 1.0, "conv1x1": 1.0, slow: 2.0}
+        durations[next(k for k in durations if k != slow)] = fast_s
+        current = {"name": None}
+        ticks = {"t": 0.0, "start": True}
+
+        def fake_kernels(device, dtype, n, gen, durations=durations):
+            def make(name):
+                def run():
+                    current["name"] = name
+                return run
+            return {name: make(name) for name in durations}
+
+        def clock(durations=durations):
+            # start/stop pairs: the stop reads the start plus the running kernel's duration
+            if ticks["start"]:
+                ticks["start"] = False
+                return ticks["t"]
+            ticks["start"] = True
+            ticks["t"] += durations[current["name"]]
+            return ticks["t"]
+
+        monkeypatch.setattr(measure, "_gemm_kernels", fake_kernels)
+        got = measure.measure_matmul_peak("cpu", torch.float32, n=64, repeats=2, clock=clock)
+        assert got == pytest.approx(2 * 64**3 / fast_s)

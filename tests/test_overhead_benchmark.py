@@ -66,3 +66,74 @@ def test_smoke_three_loops(tmp_path):
         assert ratio > 0
     assert results["hardware"]["accelerator"] == "cpu" and results["versions"]["torch"]
     assert proc.stdout.strip().splitlines()[-1].startswith("lightning / raw")
+
+
+def _load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", REPO_ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_hook_clock_charges_each_hook_to_the_step_running(monkeypatch):
+    """callback_overhead's direct figure: time inside overridden hooks only, per step, setup kept apart."""
+    bench = _load_script("callback_overhead")
+    from lightning.pytorch.callbacks import Callback
+
+    class Measured(Callback):
+        def __init__(self):
+            self.calls = []
+
+        def on_train_start(self, trainer, pl_module):
+            self.calls.append("start")
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.calls.append(batch_idx)
+
+    now = {"t": 0.0}
+
+    def clock():
+        now["t"] += 0.5  # each reading is 0.5 s after the last: a timed hook costs 0.5 s
+        return now["t"]
+
+    cb = Measured()
+    hook_clock = bench.HookClock([cb])
+    monkeypatch.setattr(bench.time, "perf_counter", clock)
+    cb.on_train_start(None, None)
+    for step in (0, 1):
+        hook_clock.current = step
+        cb.on_train_batch_end(None, None, None, None, step)
+    cb.on_validation_start(None, None)  # not overridden: Lightning's no-op, not wrapped, not timed
+    assert cb.calls == ["start", 0, 1]  # the hooks still run
+    assert dict(hook_clock.per_step) == {"setup": 0.5, 0: 0.5, 1: 0.5}
+    assert dict(hook_clock.per_hook) == {"Measured.on_train_start": 0.5, "Measured.on_train_batch_end": 1.0}
+
+
+@pytest.mark.slow
+def test_cpu_defaults_smoke(tmp_path):
+    out = tmp_path / "cpu_defaults.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "cpu_defaults.py"), "--model", "smallcnn", "--batch-size", "8",
+         "--rounds", "2", "--warmup", "1", "--groups", "memory_format,optimizer_impl,threads", "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=540,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert [g["group"] for g in result["groups"]] == ["memory_format", "optimizer_impl", "threads"]
+    for group in result["groups"]:
+        reference = group["options"][0]
+        assert reference["round_ratios"] == [1.0, 1.0], group["group"]
+        assert sum(o["default"] for o in group["options"]) == 1, group["group"]  # base.yaml's choice is marked
+        for option in group["options"]:
+            assert option["median_step_ms"] > 0 and 0 < option["mfu"], option
+            assert len(option["round_ratios"]) == 2
+    assert {o["option"] for o in result["groups"][1]["options"]} == {
+        "optimizer_impl=for-loop", "optimizer_impl=foreach", "optimizer_impl=fused"}
+
+
+def test_cpu_defaults_rejects_an_unknown_group():
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "cpu_defaults.py"), "--groups", "memory_format,turbo"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode != 0 and "turbo" in proc.stderr and "Traceback" not in proc.stderr

@@ -53,7 +53,7 @@ def test_default_plan_loads_and_keeps_the_effective_batch():
         "checkpointing-stage",
         "checkpointing-block",
         "all",
-        "channels_last",
+        "contiguous",
         "compile",
         "fused",
         "amp-fp16",

@@ -57,7 +57,7 @@ from callbacks.flops_monitor import FlopsMonitor
 from callbacks.memory_monitor import MemoryMonitor
 from callbacks.run_record import RunRecord
 from callbacks.step_timer import StepTimeMonitor
-from modelwright.cli import BASE_CONFIG, user_error_message
+from modelwright.cli import BASE_CONFIG, add_cpu_malloc_argument, user_error_message
 from modelwright.data import ImageDataModule
 from modelwright.errors import ConfigError, require
 from modelwright.measure import (
@@ -82,6 +82,7 @@ from modelwright.measure import (
     versions,
 )
 from modelwright.module import ImageClassifier, build_optimizer, build_scheduler
+from modelwright.runtime import set_cpu_malloc
 from modelwright.record import METRIC_KEYS, append_record, new_record, to_jsonable, write_record
 
 log = logging.getLogger("modelwright")
@@ -200,6 +201,7 @@ def build_parser():
         "--seed_everything", type=bool | int, default=True,
         help="Seed as LightningCLI does: an int, true (a random seed, recorded) or false (no seeding).",
     )
+    add_cpu_malloc_argument(parser)
     parser.add_lightning_class_args(Trainer, "trainer")
     parser.add_lightning_class_args(ImageClassifier, "model")
     parser.add_lightning_class_args(ImageDataModule, "data")
@@ -411,6 +413,7 @@ def train(cfg: Any, parser: Any = None) -> dict[str, Any]:
     plan = plan_precision(t.precision, device_type)
     cbs = _Callbacks.from_config(t.callbacks, cfg)
     log_root, tensorboard = _log_root(t)
+    set_cpu_malloc(_get(cfg, "cpu_malloc", "system"))
 
     # LightningCLI's order: seed, then the model (its initialisation draws from the global RNG), then the data.
     if cfg.seed_everything is not False:

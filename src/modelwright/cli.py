@@ -21,6 +21,7 @@ import re
 import sys
 import zipfile
 from pathlib import Path
+from typing import Literal
 
 import torch
 from lightning.pytorch.cli import LightningCLI
@@ -29,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from modelwright.data import ImageDataModule
 from modelwright.errors import ConfigError, require
 from modelwright.module import ImageClassifier
+from modelwright.runtime import set_cpu_malloc
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BASE_CONFIG = REPO_ROOT / "configs" / "base.yaml"
@@ -104,8 +106,24 @@ def _check_strategy(trainer_cfg) -> None:
         )
 
 
+def add_cpu_malloc_argument(parser) -> None:
+    """The top-level ``cpu_malloc`` key (``retain`` or ``system``; :func:`modelwright.runtime.set_cpu_malloc`)."""
+    parser.add_argument(
+        "--cpu_malloc", type=Literal["retain", "system"], default="retain",
+        help="glibc malloc: retain freed memory for the next step (fewer page faults) or leave it as it is.",
+    )
+
+
 class ModelwrightCLI(LightningCLI):
     """LightningCLI with the project's defaults, input checks, ``last`` resolution and precision report."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        add_cpu_malloc_argument(parser)
+
+    def before_instantiate_classes(self) -> None:
+        sub = self.config.get("subcommand")
+        if sub:
+            set_cpu_malloc(self.config[sub].get("cpu_malloc", "system"))
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
