@@ -5,8 +5,8 @@ To run: ``uv run python benchmarks/cpu_defaults.py`` (resnet18, batch 128, fp32,
 ``--model smallcnn --batch-size 64 --rounds 2`` for a smoke run.
 
 Each group compares the options of one setting (memory format, optimizer implementation, thread count,
-dataloader workers, torch.compile, glibc malloc). Every option gets its own model, optimizer and loader, built from the same
-seed; the other settings are those of ``configs/base.yaml``. After ``--warmup`` unmeasured steps of each,
+dataloader workers, torch.compile, glibc malloc). Every option gets its own model, optimizer and loader, built
+from the same seed; the other settings are those of ``configs/base.yaml``. After ``--warmup`` unmeasured steps of each,
 the options take turns, one training step each (data fetch, forward, loss, backward, optimizer step), for
 ``--rounds`` rounds, the order rotating every round. A step's ratio to the group's reference option (the first)
 is taken within its round, so a machine that grows busier or cooler over the minutes hits every option alike;
@@ -32,9 +32,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 for _p in (REPO / "src", REPO):
@@ -173,7 +174,8 @@ def run_process_group(group: str, args: argparse.Namespace, defaults: dict[str, 
     for r in range(args.rounds):
         k = r % len(values)
         this_round: dict[str, float] = {}
-        for value, name in list(zip(values, names))[k:] + list(zip(values, names))[:k]:
+        pairs = list(zip(values, names, strict=True))
+        for value, name in pairs[k:] + pairs[:k]:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--child-malloc", value, "--model", args.model,
                    "--batch-size", str(args.batch_size), "--warmup", str(args.warmup),
                    "--child-steps", str(args.child_steps), "--seed", str(args.seed)]
@@ -190,7 +192,7 @@ def run_process_group(group: str, args: argparse.Namespace, defaults: dict[str, 
         print(f"{group} round {r + 1}/{args.rounds}: "
               + ", ".join(f"{n} {this_round[n] * 1e3:.0f} ms" for n in names), flush=True)
     rows = []
-    for value, name in zip(values, names):
+    for value, name in zip(values, names, strict=True):
         median_s = statistics.median(times[name])
         rows.append({
             "option": name, "value": value, "default": value == defaults[group],

@@ -34,32 +34,59 @@ def main_job_text(result: dict) -> str:
     )
 
 
-def overhead_text(callback: dict | None, loops: dict | None) -> str:
+def _ratios(values: list[float]) -> str:
+    return ", ".join(f"{r:.3f}" for r in values)
+
+
+def overhead_text(callback: dict | None, loops: dict | None, epoch: dict | None = None) -> str:
     lines = []
     if callback:
         on, off = callback["median_step_ms"]["on"], callback["median_step_ms"]["off"]
         s = callback["settings"]
-        pairs = ", ".join(f"{r:.3f}" for r in callback.get("pair_ratios", []))
+        direct = ""
+        if callback.get("hooks_ms_per_step"):
+            hooks = callback["hooks_ms_per_step"]
+            direct = (
+                f"Timed directly, the callbacks' hooks take **{hooks['median']:.2f} ms per step** (median over "
+                f"{hooks['steps']} steps; at most {hooks['max']:.2f} ms), **{callback['hooks_fraction_of_step']:.3%}** "
+                f"of the median step: this figure does not depend on the machine's noise. "
+            )
         lines.append(
-            f"**What measuring costs.** With the measurement callbacks on, the median step of the default job took "
-            f"{on:.0f} ms against {off:.0f} ms with them off; the median over {s['repeats']} back-to-back pairs of "
-            f"runs of the on/off ratio is **{(callback['ratio_on_off'] - 1) * 100:+.1f}%** (pairs: "
-            f"{pairs}; {s['steps']} steps per run, the first {s['warmup']} and the measuring ones left out; "
-            f"`{callback['command']}`; {_where(callback)}). The spread of the pairs is the machine's noise: "
-            f"on a shared 2-core CPU it is larger than the 2% the callbacks are meant to stay under, so this "
-            f"figure bounds their cost only as tightly as the pairs agree."
+            f"**What measuring costs.** {direct}Side by side, the median step of the default job took "
+            f"{on:.0f} ms with the measurement callbacks on and {off:.0f} ms with them off; the median over "
+            f"{s['repeats']} back-to-back pairs of runs of the on/off ratio is "
+            f"**{(callback['ratio_on_off'] - 1) * 100:+.1f}%** (pairs: {_ratios(callback.get('pair_ratios', []))}; "
+            f"{s['steps']} steps per run, the first {s['warmup']} and the measuring ones left out). The spread of "
+            f"the pairs is the machine's step-to-step noise, larger than the cost being measured. "
+            f"`{callback['command']}`; {_where(callback)}."
         )
-    if loops:
-        s, parts = loops["settings"], []
+    for result in (loops, epoch):
+        if not result:
+            continue
+        s, parts = result["settings"], []
+        is_epoch = result.get("mode") == "epoch"
         for name in ("raw", "accelerate", "lightning"):
-            if name in loops["loops"]:
-                summary = loops["loops"][name]
-                ratio = f", {summary['ratio_to_raw']:.3f}× raw" if name != "raw" else ""
-                parts.append(f"{name} {summary['median_step_ms']:.0f} ms{ratio}")
+            summary = result["loops"].get(name)
+            if summary is None:
+                continue
+            if is_epoch:
+                text = f"{name} {summary['epoch_time_s']:.2f} s per epoch"
+                if name != "raw":
+                    text += (f", **{summary['epoch_ratio_to_raw']:.3f}× raw** ({summary['epoch_overhead_s']:+.2f} s; "
+                             f"repeats: {_ratios(summary.get('repeat_epoch_ratios_to_raw', []))})")
+            else:
+                text = f"{name} {summary['median_step_ms']:.0f} ms"
+                if name != "raw":
+                    text += (f", **{summary['ratio_to_raw']:.3f}× raw** "
+                             f"(repeats: {_ratios(summary.get('repeat_ratios_to_raw', []))})")
+            parts.append(text)
+        what = (f"time per epoch of {s['steps_per_epoch']} steps" if is_epoch
+                else f"median step over {s['measured_steps']} timed steps")
         lines.append(
             f"**Lightning and Accelerate against a raw PyTorch loop** ({s['model']}, batch {s['batch_size']}, "
-            f"{s['precision']}, {s['optimizer']}; median step over {s['repeats']} interleaved runs of each, "
-            f"{s['measured_steps']} timed steps; `{loops['command']}`; {_where(loops)}): " + "; ".join(parts) + "."
+            f"{s['precision']}, {s['optimizer']}; {what}, {s['repeats']} interleaved repeats, each loop's ratio "
+            f"taken within a repeat, the median over repeats shown): " + "; ".join(parts)
+            + f". `{result['command']}`; {_where(result)}."
         )
     if not lines:
         return "No overhead measurement recorded yet: run `uv run python benchmarks/callback_overhead.py`.\n"
@@ -109,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     main_job = _load(results / "main_job.json")
     if main_job:
         text = replace_section(text, "mainjob", main_job_text(main_job))
-    overhead = overhead_text(_load(results / "callback_overhead.json"), _load(results / "overhead-resnet18.json"))
+    overhead = overhead_text(
+        _load(results / "callback_overhead.json"),
+        _load(results / "overhead-resnet18.json"),
+        _load(results / "overhead-smallcnn-epoch.json"),
+    )
     text = replace_section(text, "overhead", overhead)
     if "<!-- cpudefaults:start -->" in text:
         text = replace_section(text, "cpudefaults", cpu_defaults_text(_load(results / "cpu_defaults.json")))

@@ -563,28 +563,28 @@ def test_cpu_peak_is_the_faster_of_blas_matmul_and_onednn_convolution(monkeypatc
     # Both compute the same n×n×n product: same shape of work, so 2·n³ FLOPs each.
     assert kernels["conv1x1"]().shape == (1, 64, 32, 2) and kernels["matmul"]().shape == (64, 64)
 
-    for slow, fast_s in (("matmul", 0.5), ("conv1x1", 0.25)):
-        durations = {"matmul": 1.0, "conv1x1": 1.0, slow: 2.0}
-        durations[next(k for k in durations if k != slow)] = fast_s
-        current = {"name": None}
-        ticks = {"t": 0.0, "start": True}
-
-        def fake_kernels(device, dtype, n, gen, durations=durations):
-            def make(name):
-                def run():
-                    current["name"] = name
-                return run
-            return {name: make(name) for name in durations}
-
-        def clock(durations=durations):
-            # start/stop pairs: the stop reads the start plus the running kernel's duration
-            if ticks["start"]:
-                ticks["start"] = False
-                return ticks["t"]
-            ticks["start"] = True
-            ticks["t"] += durations[current["name"]]
-            return ticks["t"]
-
-        monkeypatch.setattr(measure, "_gemm_kernels", fake_kernels)
+    for durations, fast_s in (({"matmul": 0.5, "conv1x1": 2.0}, 0.5), ({"matmul": 2.0, "conv1x1": 0.25}, 0.25)):
+        clock = _KernelClock(durations)
+        monkeypatch.setattr(measure, "_gemm_kernels", clock.kernels)
         got = measure.measure_matmul_peak("cpu", torch.float32, n=64, repeats=2, clock=clock)
         assert got == pytest.approx(2 * 64**3 / fast_s)
+
+
+class _KernelClock:
+    """A clock whose reading advances by the duration of the kernel last run, at each stop of a start/stop pair."""
+
+    def __init__(self, durations: dict[str, float]) -> None:
+        self.durations, self.t, self.running, self.starting = durations, 0.0, None, True
+
+    def kernels(self, device, dtype, n, gen):
+        def make(name):
+            def run():
+                self.running = name
+            return run
+        return {name: make(name) for name in self.durations}
+
+    def __call__(self) -> float:
+        if not self.starting:
+            self.t += self.durations[self.running]
+        self.starting = not self.starting
+        return self.t

@@ -82,8 +82,8 @@ from modelwright.measure import (
     versions,
 )
 from modelwright.module import ImageClassifier, build_optimizer, build_scheduler
-from modelwright.runtime import set_cpu_malloc
 from modelwright.record import METRIC_KEYS, append_record, new_record, to_jsonable, write_record
+from modelwright.runtime import set_cpu_malloc
 
 log = logging.getLogger("modelwright")
 
