@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import statistics
 import subprocess
@@ -155,11 +156,13 @@ def child_steps(mode: str, args: argparse.Namespace, defaults: dict[str, Any]) -
     for _ in range(args.warmup):
         option.step()
     warmup_s = time.perf_counter() - t0
+    faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(args.child_steps):
         t0 = time.perf_counter()
         option.step()
         option.times.append(time.perf_counter() - t0)
-    return {"times": option.times, "flops": option.flops, "warmup_s": warmup_s}
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0) / max(1, args.child_steps)
+    return {"times": option.times, "flops": option.flops, "warmup_s": warmup_s, "minor_faults_per_step": faults}
 
 
 def run_process_group(group: str, args: argparse.Namespace, defaults: dict[str, Any], peak: float) -> dict[str, Any]:
@@ -170,6 +173,7 @@ def run_process_group(group: str, args: argparse.Namespace, defaults: dict[str, 
     ratios: dict[str, list[float]] = {n: [] for n in names}
     warm: dict[str, list[float]] = {n: [] for n in names}
     flops: dict[str, float] = {}
+    faults: dict[str, list[float]] = {n: [] for n in names}
     t_start = time.perf_counter()
     for r in range(args.rounds):
         k = r % len(values)
@@ -187,6 +191,7 @@ def run_process_group(group: str, args: argparse.Namespace, defaults: dict[str, 
             times[name].extend(child["times"])
             warm[name].append(child["warmup_s"])
             flops[name] = child["flops"]
+            faults[name].append(child["minor_faults_per_step"])
         for name in names:
             ratios[name].append(this_round[name] / this_round[names[0]])
         print(f"{group} round {r + 1}/{args.rounds}: "
@@ -199,6 +204,7 @@ def run_process_group(group: str, args: argparse.Namespace, defaults: dict[str, 
             "median_step_ms": median_s * 1e3, "ratio_to_reference": statistics.median(ratios[name]),
             "round_ratios": ratios[name], "warmup_s": statistics.median(warm[name]),
             "flops_per_step": flops[name], "mfu": flops[name] / median_s / peak if peak else None,
+            "minor_faults_per_step": statistics.median(faults[name]),
         })
     return {"group": group, "reference": names[0], "options": rows, "wall_s": time.perf_counter() - t_start,
             "method": f"a fresh process per option and round: {args.warmup} warm-up + {args.child_steps} timed steps, "

@@ -105,6 +105,12 @@ def cpu_defaults_text(result: dict | None) -> str:
             warm = f"{o['warmup_s']:.1f} s" if o.get("warmup_s") is not None else "n/a"
             rows.append(f"| {group['group']} | {option} | {o['median_step_ms']:.0f} ms | "
                         f"{o['ratio_to_reference']:.2f}× | {mfu} | {warm} |")
+    faults = [
+        f"{o['option'].split('=', 1)[1]} {o['minor_faults_per_step']:,.0f}"
+        for g in result["groups"] for o in g["options"] if o.get("minor_faults_per_step") is not None
+    ]
+    if faults:
+        rows.append(f"\nMinor page faults per step (the cpu_malloc children, median): {', '.join(faults)}.")
     return (
         f"Measured (`{result['command']}`; {s['model']}, batch {s['batch_size']}, {s['precision']}, "
         f"{s['optimizer']}; each option's step taken in turn with the others, {s['rounds']} rounds, the figure the "
