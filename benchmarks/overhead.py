@@ -9,8 +9,9 @@ The three loops train the same network (:func:`modelwright.models.build_model`),
 optimizer and schedule (:func:`modelwright.module.build_optimizer` / ``build_scheduler``, hyperparameters from
 ``configs/base.yaml``), for the same number of steps:
 
-* ``raw``: a plain loop (autocast for mixed precision, ``GradScaler`` for fp16; the base config's ``channels_last``
-  and ``compile``); no metric, no logging;
+* ``raw``: a plain loop (autocast for mixed precision, ``GradScaler`` for fp16; the base config's ``channels_last``,
+  ``compile`` and ``cpu_malloc``, process settings the other two loops get from the config too); no metric, no
+  logging;
 * ``accelerate``: ``modelwright.accelerate_loop.main`` with ``configs/base.yaml``'s callbacks (step timer,
   memory monitor, FLOP counter, run record, loss guard, LR logging, TensorBoard);
 * ``lightning``: ``modelwright.cli.cli_main(["fit", ...])``, the project's Trainer as configured (progress bar,
@@ -139,8 +140,11 @@ def _raw_loop(spec: dict[str, Any], device) -> None:
 
     import modelwright.module as mm
     from modelwright.data import ImageDataModule
+    from modelwright.runtime import set_cpu_malloc
 
     hp = spec["model_hparams"]
+    # The process settings of the base config, as the CLI and the Accelerate loop apply them.
+    set_cpu_malloc(spec.get("cpu_malloc", "system"))
     seed_everything(spec["seed"])
     net = mm.build_model(spec["model"], hp.get("num_classes", 10)).to(device)
     # The memory format and compile of the base config, as ImageClassifier applies them.
@@ -365,7 +369,8 @@ def run(args: argparse.Namespace) -> int:
                     "accelerator": accelerator, "precision": args.precision, "model": args.model,
                     "optimizer": args.optimizer, "batch_size": args.batch_size, "train_size": train_size,
                     "max_steps": max_steps, "max_epochs": max_epochs, "seed": base.get("seed_everything", 0),
-                    "model_hparams": base["model"], "callbacks_yaml": str(callbacks_yaml),
+                    "model_hparams": base["model"], "cpu_malloc": base.get("cpu_malloc", "system"),
+                    "callbacks_yaml": str(callbacks_yaml),
                     "extra": args.extra, "result": str(result),
                 }
                 spec_path = tmp / f"{name}-{r}.spec.json"
