@@ -300,6 +300,9 @@ def changes(record: Mapping, reference: Mapping) -> dict[str, str]:
     for key in ("channels_last", "compile"):
         if bool(t.get(key)) != bool(r.get(key)):
             out[key] = f"{key} {'on' if t.get(key) else 'off'}"
+    m0, m1 = report.cpu_malloc(reference), report.cpu_malloc(record)
+    if m0 and m1 and m0 != m1:
+        out["cpu_malloc"] = f"cpu_malloc {m0} → {m1}"
     if t.get("optimizer_impl") != r.get("optimizer_impl"):
         out["optimizer_impl"] = f"optimizer {_impl(r.get('optimizer_impl'))} → {_impl(t.get('optimizer_impl'))}"
     if (t.get("world_size") or 1) != (r.get("world_size") or 1) or t.get("strategy") != r.get("strategy"):

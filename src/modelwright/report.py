@@ -274,6 +274,13 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str) -> 
     return "\n".join(lines)
 
 
+def cpu_malloc(record: Mapping) -> str | None:
+    """The run's ``cpu_malloc`` (a process setting, in the resolved config); None for records made before it existed."""
+    config = record.get("config")
+    value = config.get("cpu_malloc") if isinstance(config, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
 def setup_text(record: Mapping) -> str:
     """The run's techniques in a few words: ``bf16-mixed, 32×4, ckpt block, AdamW foreach``."""
     t = record.get("techniques") or {}
@@ -289,6 +296,8 @@ def setup_text(record: Mapping) -> str:
         parts.append("channels_last")
     if t.get("compile"):
         parts.append("compile")
+    if cpu_malloc(record) == "system":
+        parts.append("system malloc")
     impl = t.get("optimizer_impl")
     if isinstance(impl, str) and "[" in impl:
         cls = impl.rsplit(".", 1)[-1].split("[")[0]
