@@ -555,33 +555,37 @@ def test_schema_document_names_every_key():
     assert not missing, f"docs/record-schema.md lacks {missing}"
 
 
-def test_cpu_peak_is_the_faster_of_blas_matmul_and_onednn_convolution(monkeypatch):
-    """On a CPU whose BLAS sgemm is slow the 1×1 convolution sets the peak (and vice versa): the best kernel wins."""
+def test_cpu_peak_is_the_fastest_of_blas_matmul_and_onednn_convolutions(monkeypatch):
+    """On a CPU whose BLAS sgemm is slow a convolution sets the peak (and vice versa): the best FLOP/s wins."""
     gen = torch.Generator().manual_seed(0)
-    kernels = measure._gemm_kernels(torch.device("cpu"), torch.float32, 64, gen)
-    assert set(kernels) == {"matmul", "conv1x1"}
-    # Both compute the same n×n×n product: same shape of work, so 2·n³ FLOPs each.
-    assert kernels["conv1x1"]().shape == (1, 64, 32, 2) and kernels["matmul"]().shape == (64, 64)
+    kernels = measure._gemm_kernels(torch.device("cpu"), torch.float32, 128, gen)
+    assert set(kernels) == {"matmul", "conv1x1", "conv3x3"}
+    assert kernels["matmul"][0]().shape == (128, 128) and kernels["matmul"][1] == 2 * 128**3
+    assert kernels["conv1x1"][0]().shape == (1, 128, 32, 4) and kernels["conv1x1"][1] == 2 * 128**3
+    # 3×3 over 128 pixels with 32 channels in and out: 2 · pixels · (32·9) · 32 FLOPs
+    assert kernels["conv3x3"][0]().shape == (1, 32, 32, 4) and kernels["conv3x3"][1] == 2 * 128 * 32 * 9 * 32
 
-    for durations, fast_s in (({"matmul": 0.5, "conv1x1": 2.0}, 0.5), ({"matmul": 2.0, "conv1x1": 0.25}, 0.25)):
-        clock = _KernelClock(durations)
+    for seconds, fastest in (({"matmul": 0.5, "conv1x1": 2.0, "conv3x3": 2.0}, 1.0 / 0.5),
+                             ({"matmul": 2.0, "conv1x1": 4.0, "conv3x3": 0.25}, 0.5 / 0.25)):
+        flops = {"matmul": 1.0, "conv1x1": 1.0, "conv3x3": 0.5}
+        clock = _KernelClock(seconds, flops)
         monkeypatch.setattr(measure, "_gemm_kernels", clock.kernels)
-        got = measure.measure_matmul_peak("cpu", torch.float32, n=64, repeats=2, clock=clock)
-        assert got == pytest.approx(2 * 64**3 / fast_s)
+        got = measure.measure_matmul_peak("cpu", torch.float32, n=128, repeats=2, clock=clock)
+        assert got == pytest.approx(fastest)
 
 
 class _KernelClock:
     """A clock whose reading advances by the duration of the kernel last run, at each stop of a start/stop pair."""
 
-    def __init__(self, durations: dict[str, float]) -> None:
-        self.durations, self.t, self.running, self.starting = durations, 0.0, None, True
+    def __init__(self, durations: dict[str, float], flops: dict[str, float]) -> None:
+        self.durations, self.flops, self.t, self.running, self.starting = durations, flops, 0.0, None, True
 
     def kernels(self, device, dtype, n, gen):
         def make(name):
             def run():
                 self.running = name
             return run
-        return {name: make(name) for name in self.durations}
+        return {name: (make(name), self.flops[name]) for name in self.durations}
 
     def __call__(self) -> float:
         if not self.starting:

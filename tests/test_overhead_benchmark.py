@@ -166,7 +166,8 @@ def test_readme_sections_state_the_figures_of_the_results_files():
                                 "repeat_ratios_to_raw": [1.01, 0.99, 1.004]}},
     }
     callback = {
-        **where, "command": "uv run python benchmarks/callback_overhead.py", "median_step_ms": {"on": 2410, "off": 2400},
+        **where, "command": "uv run python benchmarks/callback_overhead.py",
+        "median_step_ms": {"on": 2410, "off": 2400},
         "ratio_on_off": 1.004, "pair_ratios": [1.004], "settings": {"repeats": 1, "steps": 12, "warmup": 3},
         "hooks_ms_per_step": {"median": 0.25, "max": 0.9, "steps": 40}, "hooks_fraction_of_step": 0.25 / 2400,
     }

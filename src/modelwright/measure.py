@@ -652,21 +652,29 @@ def default_matmul_size(device: torch.device | str) -> int:
     return 2048 if torch.device(device).type == "cpu" else 8192
 
 
-def _gemm_kernels(device: torch.device, dtype: torch.dtype, n: int, gen: torch.Generator) -> dict[str, Callable]:
-    """The dense ``n``×``n``×``n`` products whose best time is the device's peak.
+def _gemm_kernels(
+    device: torch.device, dtype: torch.dtype, n: int, gen: torch.Generator
+) -> dict[str, tuple[Callable, int]]:
+    """The dense products whose best throughput is the device's peak: ``{name: (run, FLOPs per run)}``.
 
-    ``torch.matmul`` everywhere. On a CPU also the same product as a 1×1 convolution in channels_last
-    (rows = pixels, ``n`` channels in and out), which goes to oneDNN rather than the BLAS library: on some CPUs
-    the BLAS sgemm is the slower of the two (seen on an AMD EPYC: 136 against 209 GFLOP/s in fp32, MKL's
-    matmul), and a peak that a network's convolutions exceed is not a peak.
+    ``torch.matmul`` of two ``n``×``n`` matrices everywhere. On a CPU also two convolutions in channels_last, which
+    go to oneDNN rather than the BLAS library: a 1×1 convolution computing the same product (``n`` pixels, ``n``
+    channels in and out) and a 3×3 convolution of ``n // 4`` channels over ``n`` pixels, the shape of a ResNet
+    stage. On some CPUs the BLAS sgemm is the slower kernel (seen on an AMD EPYC: 136 GFLOP/s against 209 for
+    oneDNN in fp32), and a peak that a network's convolutions exceed is not a peak.
     """
     a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
     b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
-    kernels: dict[str, Callable] = {"matmul": lambda: torch.matmul(a, b)}
-    if device.type == "cpu" and n % 32 == 0:
-        x = torch.randn(1, n, 32, n // 32, dtype=dtype, generator=gen).to(memory_format=torch.channels_last)
-        w = torch.randn(n, n, 1, 1, dtype=dtype, generator=gen).to(memory_format=torch.channels_last)
-        kernels["conv1x1"] = lambda: torch.nn.functional.conv2d(x, w)
+    kernels: dict[str, tuple[Callable, int]] = {"matmul": (lambda: torch.matmul(a, b), 2 * n**3)}
+    if device.type == "cpu" and n % 128 == 0:
+        cl = torch.channels_last
+        x = torch.randn(1, n, 32, n // 32, dtype=dtype, generator=gen).to(memory_format=cl)
+        w1 = torch.randn(n, n, 1, 1, dtype=dtype, generator=gen).to(memory_format=cl)
+        c = n // 4
+        x3 = torch.randn(1, c, 32, n // 32, dtype=dtype, generator=gen).to(memory_format=cl)
+        w3 = torch.randn(c, c, 3, 3, dtype=dtype, generator=gen).to(memory_format=cl)
+        kernels["conv1x1"] = (lambda: torch.nn.functional.conv2d(x, w1), 2 * n**3)
+        kernels["conv3x3"] = (lambda: torch.nn.functional.conv2d(x3, w3, padding=1), 2 * n * c * 9 * c)
     return kernels
 
 
@@ -678,18 +686,18 @@ def measure_matmul_peak(
     budget_s: float = 3.0,
     clock: Callable[[], float] = time.perf_counter,
 ) -> float:
-    """The best FLOP/s of up to ``repeats`` ``n``×``n``×``n`` products in ``dtype`` on ``device``.
+    """The best FLOP/s of the dense products of :func:`_gemm_kernels` in ``dtype`` on ``device``.
 
-    Each kernel of :func:`_gemm_kernels` (a matmul; on a CPU also a 1×1 convolution of the same shape) gets one
-    warm-up call, then is timed until ``repeats`` calls or ``budget_s`` seconds; the best call of any kernel wins.
+    Each kernel gets one warm-up call, then is timed until ``repeats`` calls or ``budget_s`` seconds; the best
+    call of any kernel wins.
     """
     device = torch.device(device)
     n = n or default_matmul_size(device)
     sync = device_sync(device)
     # A private generator: measuring the peak must not move the global RNG (and so the run's shuffle).
     gen = torch.Generator(device=device).manual_seed(0)
-    best = math.inf
-    for kernel in _gemm_kernels(device, dtype, n, gen).values():
+    best = 0.0
+    for kernel, flops in _gemm_kernels(device, dtype, n, gen).values():
         kernel()
         sync()
         spent = 0.0
@@ -698,11 +706,11 @@ def measure_matmul_peak(
             kernel()
             sync()
             dt = clock() - t0
-            best = min(best, dt)
+            best = max(best, flops / dt)
             spent += dt
             if spent > budget_s:
                 break
-    return 2 * n**3 / best
+    return best
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -714,7 +722,7 @@ def peak_cache_key(device: torch.device | str, dtype: torch.dtype, n: int | None
     n = n or default_matmul_size(device)
     key = f"{device_name(device)}|{_dtype_name(dtype)}|n={n}"
     if torch.device(device).type == "cpu":
-        key += f"|threads={torch.get_num_threads()}|kernels=matmul+conv1x1"
+        key += f"|threads={torch.get_num_threads()}|kernels=matmul+conv1x1+conv3x3"
     return key
 
 
