@@ -2,7 +2,9 @@
 # One call on a CUDA machine: the default study on resnet18, the ViT study, and the loop-overhead benchmark,
 # within about 8 minutes on one H200, into results/<gpu slug>/ (docs/gpu.md).
 #
-# To run: bash scripts/gpu_run.sh            (from the repository root; --dry-run prints the commands only)
+# To run: bash scripts/gpu_run.sh            (from the repository root; --dry-run prints the commands only;
+#         --check installs the carried wheels and checks that every part imports and parses its config, on any
+#         machine, CUDA or not, then stops)
 #
 # Needs no uv and no network: it uses $PYTHON (default python3), which must have torch and lightning; the
 # other runtime dependencies come from wheels in .whl/ when that folder exists (docs/gpu.md lists them).
@@ -14,7 +16,9 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 RESULTS="${RESULTS:-results}"
 DRY=0
+CHECK=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
+[[ "${1:-}" == "--check" ]] && CHECK=1
 
 if [[ -d .whl ]] && compgen -G ".whl/*.whl" > /dev/null; then
     SITE="${TMPDIR:-/tmp}/modelwright-site"
@@ -24,6 +28,22 @@ if [[ -d .whl ]] && compgen -G ".whl/*.whl" > /dev/null; then
     export PYTHONPATH="$SITE:$PWD:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 else
     export PYTHONPATH="$PWD:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+fi
+
+if [[ $CHECK == 1 ]]; then
+    # What the parts need, without a GPU: the imports, and the CLI parsing the default config.
+    "$PY" - <<'PYEOF'
+import importlib
+for name in ("torch", "lightning", "jsonargparse", "accelerate", "tensorboard", "torchvision", "torchmetrics",
+             "matplotlib", "yaml", "modelwright.cli", "modelwright.study", "modelwright.report",
+             "modelwright.accelerate_loop", "callbacks.run_record"):
+    importlib.import_module(name)
+print("imports: ok")
+PYEOF
+    "$PY" main.py fit --print_config > /dev/null
+    "$PY" benchmarks/overhead.py --help > /dev/null
+    echo "check: ok ($("$PY" -c 'import torch, lightning; print("torch", torch.__version__, "lightning", lightning.__version__)'))"
+    exit 0
 fi
 
 if [[ $DRY == 1 ]]; then
