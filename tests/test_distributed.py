@@ -239,6 +239,8 @@ def test_per_rank_state_memory_halves_under_fsdp2_and_stays_flat_under_ddp(runs)
     single, ddp, fsdp2 = (_record(path) for path in (runs["single"], runs["ddp"] / "node0", runs["fsdp2"]))
     assert (ddp["techniques"]["strategy"], ddp["techniques"]["world_size"]) == ("ddp", 2)
     assert (fsdp2["techniques"]["strategy"], fsdp2["techniques"]["world_size"]) == ("model_parallel", 2)
+    # base.yaml asks for channels_last; fully_shard takes contiguous parameters only, so FSDP2 runs NCHW and says so
+    assert single["techniques"]["channels_last"] is True and fsdp2["techniques"]["channels_last"] is False
     # Rank 0's tensors once the captured step is over: what a rank keeps between steps.
     base = single["memory"]["anatomy_end_mib"]
     assert all(base[key] > 0 for key in STATE_KEYS)

@@ -12,6 +12,7 @@ from typing import Literal
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -123,6 +124,11 @@ class ImageClassifier(pl.LightningModule):
             return
         self._configured = True
         apply_gradient_checkpointing(self.net, self.hparams.gradient_checkpointing)
+        if self.hparams.channels_last and self.device_mesh is not None:
+            # fully_shard refuses non-contiguous parameters (NHWC conv weights): under FSDP2 the run is NCHW, and
+            # the record says so (techniques.channels_last false).
+            rank_zero_warn("model.channels_last: FSDP2 shards contiguous parameters only; this run uses NCHW")
+            self.hparams.channels_last = False
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
         if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 over the data-parallel mesh
