@@ -31,6 +31,15 @@ def test_config_trains(config, tmp_path):
     assert (version / "checkpoints" / "last.ckpt").is_file()
 
 
+def test_checkpointing_switched_off_by_its_flag(tmp_path, caplog):
+    """base.yaml lists ModelCheckpoint callbacks; `--trainer.enable_checkpointing false` alone switches them off."""
+    rc = cli_main(fit_args(tmp_path, "--trainer.max_steps", "2", "--trainer.enable_checkpointing", "false"))
+    assert rc == 0
+    (version,) = _versions(tmp_path)
+    assert not list(version.rglob("*.ckpt"))
+    assert "ModelCheckpoint callback(s) of the config dropped" in caplog.text
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("config", sorted(DISTRIBUTED & set(CONFIGS)))
 def test_distributed_config_trains_on_two_cpu_processes(config, tmp_path, subprocess_env):

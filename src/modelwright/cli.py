@@ -114,6 +114,29 @@ def add_cpu_malloc_argument(parser) -> None:
     )
 
 
+def _drop_checkpoint_callbacks_if_disabled(trainer_cfg) -> None:
+    """``trainer.enable_checkpointing: false`` means no checkpoints: drop the config's ModelCheckpoint callbacks.
+
+    Lightning refuses the combination with a traceback; base.yaml lists two ModelCheckpoint callbacks, so
+    without this a user could not switch checkpointing off with the one flag made for it.
+    """
+    if trainer_cfg.get("enable_checkpointing") is not False:
+        return
+    callbacks = trainer_cfg.get("callbacks") or []
+    kept = [cb for cb in callbacks if not str(_class_path(cb)).endswith("ModelCheckpoint")]
+    if len(kept) != len(callbacks):
+        trainer_cfg["callbacks"] = kept
+        _say(f"trainer.enable_checkpointing: false; {len(callbacks) - len(kept)} ModelCheckpoint callback(s) "
+             "of the config dropped")
+
+
+def _class_path(cb) -> str:
+    if isinstance(cb, str):
+        return cb
+    getter = getattr(cb, "get", None)
+    return str(getter("class_path") if getter else getattr(cb, "class_path", "") or "")
+
+
 class ModelwrightCLI(LightningCLI):
     """LightningCLI with the project's defaults, input checks, ``last`` resolution and precision report."""
 
@@ -138,6 +161,7 @@ class ModelwrightCLI(LightningCLI):
             f"trainer.accumulate_grad_batches: must be an integer >= 1, got {accumulate}",
         )
         _check_strategy(trainer)
+        _drop_checkpoint_callbacks_if_disabled(trainer)
         init_args = _logger_init_args(trainer)
         if init_args is not None and init_args.get("save_dir"):
             check_writable_dir(Path(init_args["save_dir"]), "trainer.logger.init_args.save_dir")
