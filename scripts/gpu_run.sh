@@ -23,7 +23,12 @@ CHECK=0
 if [[ -d .whl ]] && compgen -G ".whl/*.whl" > /dev/null; then
     SITE="${TMPDIR:-/tmp}/modelwright-site"
     if [[ $DRY == 0 ]]; then
-        "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" .whl/*.whl
+        if "$PY" -m pip --version > /dev/null 2>&1; then
+            "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" .whl/*.whl
+        else  # no pip in that Python: a wheel is a zip of what goes into site-packages
+            "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+                "$SITE" .whl/*.whl
+        fi
     fi
     export PYTHONPATH="$SITE:$PWD:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 else
@@ -42,6 +47,14 @@ print("imports: ok")
 PYEOF
     "$PY" main.py fit --print_config > /dev/null
     "$PY" benchmarks/overhead.py --help > /dev/null
+    # One optimizer step of the small CNN on whatever device there is, callbacks and record included.
+    LOGS="$(mktemp -d)"
+    "$PY" main.py fit --model.model_name smallcnn --data.batch_size 8 --data.train_size 16 --data.val_size 8 \
+        --trainer.max_steps 1 --trainer.enable_progress_bar false --trainer.logger.init_args.save_dir "$LOGS" \
+        > "$LOGS/fit.log" 2>&1 || { tail -20 "$LOGS/fit.log"; exit 1; }
+    ls "$LOGS"/base/version_0/record.json > /dev/null
+    rm -rf "$LOGS"
+    echo "one-step fit: ok"
     echo "check: ok ($("$PY" -c 'import torch, lightning; print("torch", torch.__version__, "lightning", lightning.__version__)'))"
     exit 0
 fi
