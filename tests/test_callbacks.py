@@ -318,3 +318,20 @@ def test_ddp_two_cpu_processes_rank_zero_alone_writes_the_record(tmp_path):
     # The peak was measured once (by local rank 0), on one process's share of the cores.
     assert record["flops"]["peak_flops_source"] == "measured-matmul"
     assert "perf/step_time_ms" in scalars(path.parent)
+
+
+def test_progress_bar_redraws_at_most_every_interval_and_at_the_end():
+    from callbacks.progress_bar import ThrottledProgressBar
+
+    now = {"t": 0.0}
+    bar = ThrottledProgressBar(min_interval_s=0.5, clock=lambda: now["t"])
+    decisions = []
+    for batch in range(1, 9):  # a batch every 0.2 s, 8 batches in the pass
+        now["t"] += 0.2
+        decisions.append(bar._should_update(batch, 8))
+    # redraw at 0.2 s, then not before 0.7 s (batch 4 at 0.8 s), 1.4 s (batch 7), and always at the last batch
+    assert decisions == [True, False, False, True, False, False, True, True]
+    unthrottled = ThrottledProgressBar(min_interval_s=0.0, clock=lambda: 0.0)
+    assert all(unthrottled._should_update(b, 8) for b in range(1, 9))
+    with pytest.raises(ValueError, match="min_interval_s"):
+        ThrottledProgressBar(min_interval_s=-1)

@@ -462,6 +462,7 @@ def train(cfg: Any, parser: Any = None) -> dict[str, Any]:
 _APPLIED_CALLBACKS = {
     "StepTimeMonitor", "MemoryMonitor", "FlopsMonitor", "RunRecord", "LearningRateMonitor", "NonFiniteLossGuard",
     "GracefulStop",
+    "ThrottledProgressBar",  # this loop draws no progress bar: nothing to carry out
 }
 
 

@@ -114,20 +114,25 @@ def add_cpu_malloc_argument(parser) -> None:
     )
 
 
-def _drop_checkpoint_callbacks_if_disabled(trainer_cfg) -> None:
-    """``trainer.enable_checkpointing: false`` means no checkpoints: drop the config's ModelCheckpoint callbacks.
+def _drop_disabled_callbacks(trainer_cfg) -> None:
+    """``enable_checkpointing: false`` / ``enable_progress_bar: false`` drop the config's callbacks of that kind.
 
-    Lightning refuses the combination with a traceback; base.yaml lists two ModelCheckpoint callbacks, so
-    without this a user could not switch checkpointing off with the one flag made for it.
+    Lightning refuses either flag beside a callback of its kind, with a traceback; base.yaml lists ModelCheckpoint
+    and progress-bar callbacks, so without this a user could not switch them off with the one flag made for it.
     """
-    if trainer_cfg.get("enable_checkpointing") is not False:
-        return
-    callbacks = trainer_cfg.get("callbacks") or []
-    kept = [cb for cb in callbacks if not str(_class_path(cb)).endswith("ModelCheckpoint")]
-    if len(kept) != len(callbacks):
-        trainer_cfg["callbacks"] = kept
-        _say(f"trainer.enable_checkpointing: false; {len(callbacks) - len(kept)} ModelCheckpoint callback(s) "
-             "of the config dropped")
+    callbacks = original = trainer_cfg.get("callbacks") or []
+    for flag, suffixes in (("enable_checkpointing", ("ModelCheckpoint",)),
+                           ("enable_progress_bar", ("ProgressBar",))):
+        if trainer_cfg.get(flag) is not False:
+            continue
+        kept = [cb for cb in callbacks if not str(_class_path(cb)).endswith(suffixes)]
+        if len(kept) != len(callbacks):
+            if flag == "enable_checkpointing":  # the progress bar needs no word: switching it off is visible
+                _say(f"trainer.{flag}: false; {len(callbacks) - len(kept)} ModelCheckpoint callback(s) of the "
+                     "config dropped")
+            callbacks = kept
+    if callbacks is not original:
+        trainer_cfg["callbacks"] = callbacks
 
 
 def _class_path(cb) -> str:
@@ -161,7 +166,7 @@ class ModelwrightCLI(LightningCLI):
             f"trainer.accumulate_grad_batches: must be an integer >= 1, got {accumulate}",
         )
         _check_strategy(trainer)
-        _drop_checkpoint_callbacks_if_disabled(trainer)
+        _drop_disabled_callbacks(trainer)
         init_args = _logger_init_args(trainer)
         if init_args is not None and init_args.get("save_dir"):
             check_writable_dir(Path(init_args["save_dir"]), "trainer.logger.init_args.save_dir")
