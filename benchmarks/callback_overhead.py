@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -61,11 +62,11 @@ class StepProbe(Callback):
     The last step has no next start and is not kept (the end-of-epoch checkpoint would land in it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: HookClock | None = None) -> None:
         self.durations: list[tuple[int, float]] = []  # (global_step, seconds)
         self._last: tuple[int, float] | None = None
         self._sync = device_sync(None)
-        self.on_step = lambda step: None  # told each step's global_step as it starts
+        self.clock = clock  # told each step's global_step as it starts
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._sync = device_sync(pl_module.device)
@@ -76,7 +77,8 @@ class StepProbe(Callback):
         if self._last is not None:
             self.durations.append((self._last[0], now - self._last[1]))
         self._last = (trainer.global_step, now)
-        self.on_step(trainer.global_step)
+        if self.clock is not None:
+            self.clock.current = trainer.global_step
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._last = None  # an interval across validation is not a step
@@ -116,9 +118,13 @@ class HookClock:
 
 
 def one_run(
-    args: argparse.Namespace, callbacks_on: bool, log_dir: str, hook_times: list[float] | None = None
+    args: argparse.Namespace, callbacks_on: bool, log_dir: str, hooks: dict[str, Any] | None = None
 ) -> list[float]:
-    """Train ``args.steps`` steps of the base config; the kept step times in seconds."""
+    """Train ``args.steps`` steps of the base config; the kept step times in seconds.
+
+    With the callbacks on, ``hooks["per_step"]`` gets the seconds the kept steps spent inside their hooks and
+    ``hooks["per_hook"]`` each hook's seconds over the whole run, setup and the perturbed steps included.
+    """
     overrides = [
         f"--trainer.max_steps={args.steps}",
         "--trainer.max_epochs=1",
@@ -146,10 +152,8 @@ def one_run(
         trainer.callbacks[:] = [cb for cb in trainer.callbacks if not isinstance(cb, MEASUREMENT)]
     elif not any(isinstance(cb, StepTimeMonitor) for cb in trainer.callbacks):
         raise SystemExit("configs/base.yaml switches no measurement callbacks on: nothing to compare")
-    probe = StepProbe()
     clock = HookClock([cb for cb in trainer.callbacks if isinstance(cb, MEASUREMENT)]) if callbacks_on else None
-    if clock is not None:
-        probe.on_step = lambda step: setattr(clock, "current", step)
+    probe = StepProbe(clock)
     trainer.callbacks.insert(0, probe)
     trainer.fit(cli.model, cli.datamodule)
     perturbers = [cb for cb in trainer.callbacks if hasattr(cb, "perturbs_step")]
@@ -159,8 +163,10 @@ def one_run(
         for step, dt in probe.durations
         if step - first >= args.warmup and not any(cb.perturbs_step(step) for cb in perturbers)
     ]
-    if clock is not None and hook_times is not None:
-        hook_times.extend(clock.per_step.get(step, 0.0) for step, _ in kept)
+    if clock is not None and hooks is not None:
+        hooks["per_step"].extend(clock.per_step.get(step, 0.0) for step, _ in kept)
+        for label, seconds in clock.per_hook.items():
+            hooks["per_hook"][label] += seconds
     return [dt for _, dt in kept]
 
 
@@ -180,13 +186,13 @@ def main(argv: list[str] | None = None) -> float:
         parser.error("--steps must leave at least 3 steps after --warmup")
 
     times: dict[bool, list[float]] = {True: [], False: []}
-    hook_times: list[float] = []  # per kept step with the callbacks on: seconds inside their hooks
+    hooks: dict[str, Any] = {"per_step": [], "per_hook": defaultdict(float)}  # with the callbacks on
     pair_ratios: list[float] = []  # per repeat: median on / median off, the two runs side by side
     with tempfile.TemporaryDirectory(prefix="modelwright-overhead-") as log_dir:
         for r in range(args.repeats):
             medians: dict[bool, float] = {}
             for on in (True, False) if r % 2 == 0 else (False, True):
-                kept = one_run(args, on, log_dir, hook_times)
+                kept = one_run(args, on, log_dir, hooks)
                 times[on].extend(kept)
                 medians[on] = statistics.median(kept)
                 label = "on " if on else "off"
@@ -211,6 +217,7 @@ def main(argv: list[str] | None = None) -> float:
     # The median of the per-pair ratios: each pair ran back to back, so slow drifts of a shared machine cancel.
     ratio = statistics.median(pair_ratios)
     median_off = statistics.median(times[False])
+    hook_times = hooks["per_step"]
     hooks_median, hooks_max = statistics.median(hook_times), max(hook_times)
     print(f"hooks of the measurement callbacks: median {hooks_median * 1e3:.3f} ms per step, max "
           f"{hooks_max * 1e3:.3f} ms over {len(hook_times)} steps")
@@ -226,6 +233,8 @@ def main(argv: list[str] | None = None) -> float:
         "pair_ratios": pair_ratios,
         "hooks_ms_per_step": {"median": hooks_median * 1e3, "max": hooks_max * 1e3, "steps": len(hook_times)},
         "hooks_fraction_of_step": hooks_median / median_off,
+        # every run with the callbacks on, whole runs: where the time inside the hooks went
+        "hooks_total_ms_by_hook": {k: v * 1e3 for k, v in sorted(hooks["per_hook"].items(), key=lambda kv: -kv[1])},
         "hardware": hardware_info(device),
         "versions": versions(),
     }

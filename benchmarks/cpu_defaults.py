@@ -45,14 +45,13 @@ for _p in (REPO / "src", REPO):
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-import yaml  # noqa: E402
 
 from modelwright.data import ImageDataModule  # noqa: E402
 from modelwright.measure import hardware_info, resolve_peak_flops, training_flops, versions  # noqa: E402
 from modelwright.models import build_model  # noqa: E402
 from modelwright.module import build_optimizer  # noqa: E402
 from modelwright.runtime import CPU_MALLOC_MODES, set_cpu_malloc  # noqa: E402
-from modelwright.study import hardware_slug  # noqa: E402
+from modelwright.study import hardware_slug, resolve_config  # noqa: E402
 
 GROUPS = ("memory_format", "optimizer_impl", "threads", "num_workers", "compile", "cpu_malloc")
 PROCESS_GROUPS = ("cpu_malloc",)  # a process-wide setting that cannot be undone: one child process per step block
@@ -72,7 +71,7 @@ class Option:
 
 def base_defaults() -> dict[str, Any]:
     """The settings ``configs/base.yaml`` gives the model and data (what a plain ``main.py fit`` runs)."""
-    cfg = yaml.safe_load((REPO / "configs" / "base.yaml").read_text())
+    cfg = resolve_config([], {})
     model, data = cfg["model"], cfg["data"]
     return {
         "memory_format": "channels_last" if model.get("channels_last") else "contiguous",
@@ -142,10 +141,33 @@ def build_option(group: str, value: Any, args: argparse.Namespace, defaults: dic
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    x0, y0 = next(iter(dm.train_dataloader()))
+    x0, y0 = next_batch()
     flops = training_flops(net, x0.to(memory_format=fmt), lambda out: F.cross_entropy(out, y0.to(out.device)))
     label = value if not isinstance(value, bool) else ("on" if value else "off")
     return Option(f"{group}={label}", settings, step, float(flops), int(settings["threads"]))
+
+
+def _end_round(
+    group: str, r: int, rounds: int, names: list[str], this_round: dict[str, float], ratios: dict[str, list[float]]
+) -> None:
+    """Each option's ratio to the reference (the first name) within round ``r``; one line of progress."""
+    for name in names:
+        ratios[name].append(this_round[name] / this_round[names[0]])
+    print(f"{group} round {r + 1}/{rounds}: " + ", ".join(f"{n} {this_round[n] * 1e3:.0f} ms" for n in names),
+          flush=True)
+
+
+def _row(
+    name: str, value: Any, is_default: bool, times: list[float], ratios: list[float], warmup_s: float,
+    flops: float, peak: float | None, **extra: Any,
+) -> dict[str, Any]:
+    """One option's line of the results: median step, median ratio over rounds, MFU against ``peak``."""
+    median_s = statistics.median(times)
+    return {
+        "option": name, "value": value, "default": is_default, "median_step_ms": median_s * 1e3,
+        "ratio_to_reference": statistics.median(ratios), "round_ratios": ratios, "warmup_s": warmup_s,
+        "flops_per_step": flops, "mfu": flops / median_s / peak if peak else None, **extra,
+    }
 
 
 def child_steps(mode: str, args: argparse.Namespace, defaults: dict[str, Any]) -> dict[str, Any]:
@@ -192,20 +214,12 @@ def run_process_group(group: str, args: argparse.Namespace, defaults: dict[str, 
             warm[name].append(child["warmup_s"])
             flops[name] = child["flops"]
             faults[name].append(child["minor_faults_per_step"])
-        for name in names:
-            ratios[name].append(this_round[name] / this_round[names[0]])
-        print(f"{group} round {r + 1}/{args.rounds}: "
-              + ", ".join(f"{n} {this_round[n] * 1e3:.0f} ms" for n in names), flush=True)
-    rows = []
-    for value, name in zip(values, names, strict=True):
-        median_s = statistics.median(times[name])
-        rows.append({
-            "option": name, "value": value, "default": value == defaults[group],
-            "median_step_ms": median_s * 1e3, "ratio_to_reference": statistics.median(ratios[name]),
-            "round_ratios": ratios[name], "warmup_s": statistics.median(warm[name]),
-            "flops_per_step": flops[name], "mfu": flops[name] / median_s / peak if peak else None,
-            "minor_faults_per_step": statistics.median(faults[name]),
-        })
+        _end_round(group, r, args.rounds, names, this_round, ratios)
+    rows = [
+        _row(name, value, value == defaults[group], times[name], ratios[name], statistics.median(warm[name]),
+             flops[name], peak, minor_faults_per_step=statistics.median(faults[name]))
+        for value, name in zip(values, names, strict=True)
+    ]
     return {"group": group, "reference": names[0], "options": rows, "wall_s": time.perf_counter() - t_start,
             "method": f"a fresh process per option and round: {args.warmup} warm-up + {args.child_steps} timed steps, "
                       "the round's figure their median"}
@@ -234,25 +248,13 @@ def run_group(group: str, args: argparse.Namespace, defaults: dict[str, Any], pe
             o.step()
             this_round[o.name] = time.perf_counter() - t0
             o.times.append(this_round[o.name])
-        for o in options:
-            ratios[o.name].append(this_round[o.name] / this_round[options[0].name])
-        print(f"{group} round {r + 1}/{args.rounds}: "
-              + ", ".join(f"{o.name} {this_round[o.name] * 1e3:.0f} ms" for o in options), flush=True)
+        _end_round(group, r, args.rounds, [o.name for o in options], this_round, ratios)
     torch.set_num_threads(defaults["threads"])
-    rows = []
-    for o in options:
-        median_s = statistics.median(o.times)
-        rows.append({
-            "option": o.name,
-            "value": o.settings[group],
-            "default": o.settings[group] == defaults[group],
-            "median_step_ms": median_s * 1e3,
-            "ratio_to_reference": statistics.median(ratios[o.name]),
-            "round_ratios": ratios[o.name],
-            "warmup_s": warmup_s[o.name],
-            "flops_per_step": o.flops,
-            "mfu": o.flops / median_s / peak if peak else None,
-        })
+    rows = [
+        _row(o.name, o.settings[group], o.settings[group] == defaults[group], o.times, ratios[o.name],
+             warmup_s[o.name], o.flops, peak)
+        for o in options
+    ]
     return {"group": group, "reference": options[0].name, "options": rows,
             "wall_s": time.perf_counter() - t_start}
 

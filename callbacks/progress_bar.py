@@ -34,6 +34,7 @@ class ThrottledProgressBar(TQDMProgressBar):
         self.min_interval_s = min_interval_s
         self._clock = clock
         self._last_redraw = -float("inf")
+        self._last_batch: int | None = None  # batches done in the current training pass
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         self._last_batch = batch_idx + 1
@@ -42,7 +43,7 @@ class ThrottledProgressBar(TQDMProgressBar):
     def on_train_end(self, trainer, pl_module) -> None:
         # A run stopped mid-epoch (max_steps, a signal) ends on its true count, not the last throttled redraw.
         bar = self._train_progress_bar
-        if bar is not None and not bar.disable and bar.n != getattr(self, "_last_batch", bar.n):
+        if bar is not None and not bar.disable and self._last_batch is not None and bar.n != self._last_batch:
             bar.n = self._last_batch
             bar.set_postfix(self.get_metrics(trainer, pl_module))
             bar.refresh()

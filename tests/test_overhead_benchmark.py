@@ -174,3 +174,20 @@ def test_readme_sections_state_the_figures_of_the_results_files():
     text = sections.overhead_text(callback, loops)
     assert "**0.25 ms per step**" in text and "**0.010%**" in text and "**+0.4%**" in text
     assert "lightning 2420 ms, **1.004× raw** (repeats: 1.010, 0.990, 1.004)" in text
+
+
+@pytest.mark.slow
+def test_callback_overhead_smoke(tmp_path):
+    """The benchmark builds the CLI with run=False: the base config's checks and flags must hold there too."""
+    out = tmp_path / "callback_overhead.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "callback_overhead.py"), "--model", "smallcnn",
+         "--batch-size", "8", "--steps", "6", "--warmup", "2", "--repeats", "1", "--accelerator", "cpu",
+         "--out", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=540,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert len(result["pair_ratios"]) == 1 and result["hooks_ms_per_step"]["steps"] >= 1
+    assert 0 <= result["hooks_fraction_of_step"] < 1
+    assert "StepTimeMonitor.on_train_batch_end" in result["hooks_total_ms_by_hook"]

@@ -413,7 +413,7 @@ def train(cfg: Any, parser: Any = None) -> dict[str, Any]:
     plan = plan_precision(t.precision, device_type)
     cbs = _Callbacks.from_config(t.callbacks, cfg)
     log_root, tensorboard = _log_root(t)
-    set_cpu_malloc(_get(cfg, "cpu_malloc", "system"))
+    set_cpu_malloc(cfg.cpu_malloc)
 
     # LightningCLI's order: seed, then the model (its initialisation draws from the global RNG), then the data.
     if cfg.seed_everything is not False:

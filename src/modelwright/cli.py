@@ -94,8 +94,7 @@ def check_checkpoint(path: Path) -> None:
 
 def _check_strategy(trainer_cfg) -> None:
     """Lightning's FSDPStrategy raises a ValueError deep inside on CPU: say what to use instead."""
-    strategy = trainer_cfg.get("strategy")
-    name = strategy if isinstance(strategy, str) else str((strategy or {}).get("class_path", ""))
+    name = _class_path(trainer_cfg.get("strategy"))
     if not (name.startswith("fsdp") or name.endswith("FSDPStrategy")):
         return
     accelerator = str(trainer_cfg.get("accelerator"))
@@ -120,26 +119,20 @@ def _drop_disabled_callbacks(trainer_cfg) -> None:
     Lightning refuses either flag beside a callback of its kind, with a traceback; base.yaml lists ModelCheckpoint
     and progress-bar callbacks, so without this a user could not switch them off with the one flag made for it.
     """
-    callbacks = original = trainer_cfg.get("callbacks") or []
-    for flag, suffixes in (("enable_checkpointing", ("ModelCheckpoint",)),
-                           ("enable_progress_bar", ("ProgressBar",))):
-        if trainer_cfg.get(flag) is not False:
-            continue
-        kept = [cb for cb in callbacks if not str(_class_path(cb)).endswith(suffixes)]
-        if len(kept) != len(callbacks):
-            if flag == "enable_checkpointing":  # the progress bar needs no word: switching it off is visible
-                _say(f"trainer.{flag}: false; {len(callbacks) - len(kept)} ModelCheckpoint callback(s) of the "
-                     "config dropped")
-            callbacks = kept
-    if callbacks is not original:
-        trainer_cfg["callbacks"] = callbacks
+    callbacks = trainer_cfg.get("callbacks") or []
+    for flag, kind in (("enable_checkpointing", "ModelCheckpoint"), ("enable_progress_bar", "ProgressBar")):
+        kept = [cb for cb in callbacks if not _class_path(cb).endswith(kind)]
+        if trainer_cfg.get(flag) is False and len(kept) != len(callbacks):
+            _say(f"trainer.{flag}: false; {len(callbacks) - len(kept)} {kind} callback(s) of the config dropped")
+            callbacks = trainer_cfg["callbacks"] = kept
 
 
-def _class_path(cb) -> str:
-    if isinstance(cb, str):
-        return cb
-    getter = getattr(cb, "get", None)
-    return str(getter("class_path") if getter else getattr(cb, "class_path", "") or "")
+def _class_path(spec) -> str:
+    """The class path of a callback or strategy as the config gives it: a string or a ``class_path`` entry."""
+    if isinstance(spec, str):
+        return spec
+    getter = getattr(spec, "get", None)
+    return str((getter("class_path") if getter else getattr(spec, "class_path", None)) or "")
 
 
 class ModelwrightCLI(LightningCLI):
@@ -148,17 +141,18 @@ class ModelwrightCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         add_cpu_malloc_argument(parser)
 
-    def before_instantiate_classes(self) -> None:
+    @property
+    def run_config(self):
+        """The config of the run: the subcommand's (``fit``, ...), or the whole config with ``run=False``."""
         sub = self.config.get("subcommand")
-        if sub:
-            set_cpu_malloc(self.config[sub].get("cpu_malloc", "system"))
+        return self.config[sub] if sub else self.config
+
+    def before_instantiate_classes(self) -> None:
+        set_cpu_malloc(self.run_config["cpu_malloc"])
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        sub = self.config.get("subcommand")
-        if not sub:
-            return
-        cfg = self.config[sub]
+        cfg = self.run_config
         trainer = cfg["trainer"]
         accumulate = trainer.get("accumulate_grad_batches")
         require(
@@ -177,10 +171,7 @@ class ModelwrightCLI(LightningCLI):
             check_checkpoint(Path(cfg["ckpt_path"]))
 
     def after_instantiate_classes(self) -> None:
-        sub = self.config.get("subcommand")
-        if not sub:
-            return
-        requested = str(self.config[sub]["trainer"].get("precision"))
+        requested = str(self.run_config["trainer"].get("precision"))
         actual = str(self.trainer.precision)
         if requested != actual:
             _say(
