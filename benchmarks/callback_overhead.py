@@ -47,10 +47,10 @@ from callbacks.flops_monitor import FlopsMonitor  # noqa: E402
 from callbacks.memory_monitor import MemoryMonitor  # noqa: E402
 from callbacks.run_record import RunRecord  # noqa: E402
 from callbacks.step_timer import StepTimeMonitor  # noqa: E402
-from modelwright.cli import BASE_CONFIG, ModelwrightCLI  # noqa: E402
-from modelwright.data import ImageDataModule  # noqa: E402
+from modelwright.train.cli import BASE_CONFIG, ModelwrightCLI  # noqa: E402
+from modelwright.train.data import ImageDataModule  # noqa: E402
 from modelwright.measure import device_sync, hardware_info, percentile, versions  # noqa: E402
-from modelwright.module import ImageClassifier  # noqa: E402
+from modelwright.train.module import ImageClassifier  # noqa: E402
 from modelwright.study import hardware_slug  # noqa: E402
 
 MEASUREMENT = (StepTimeMonitor, MemoryMonitor, FlopsMonitor, RunRecord)

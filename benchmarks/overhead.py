@@ -4,17 +4,17 @@ To run: ``uv run python benchmarks/overhead.py`` (resnet18, batch 128, fp32, Ada
 laptop CPU); ``--model smallcnn --epoch`` times whole epochs of the small CNN, where a fixed per-step or
 per-epoch cost shows most; ``--accelerator cuda --batch-size 256 --steps 30`` on a GPU.
 
-The three loops train the same network (:func:`modelwright.models.build_model`), on the same data
-(:class:`modelwright.data.ImageDataModule`'s training loader, synthetic), with the same batch, precision,
-optimizer and schedule (:func:`modelwright.module.build_optimizer` / ``build_scheduler``, hyperparameters from
+The three loops train the same network (:func:`modelwright.train.models.build_model`), on the same data
+(:class:`modelwright.train.data.ImageDataModule`'s training loader, synthetic), with the same batch, precision,
+optimizer and schedule (:func:`modelwright.train.module.build_optimizer` / ``build_scheduler``, hyperparameters from
 ``configs/base.yaml``), for the same number of steps:
 
 * ``raw``: a plain loop (autocast for mixed precision, ``GradScaler`` for fp16; the base config's ``channels_last``,
   ``compile`` and ``cpu_malloc``, process settings the other two loops get from the config too); no metric, no
   logging;
-* ``accelerate``: ``modelwright.accelerate_loop.main`` with ``configs/base.yaml``'s callbacks (step timer,
+* ``accelerate``: ``modelwright.loops.accelerate.main`` with ``configs/base.yaml``'s callbacks (step timer,
   memory monitor, FLOP counter, run record, loss guard, LR logging, TensorBoard);
-* ``lightning``: ``modelwright.cli.cli_main(["fit", ...])``, the project's Trainer as configured (progress bar,
+* ``lightning``: ``modelwright.train.cli.cli_main(["fit", ...])``, the project's Trainer as configured (progress bar,
   logger, every callback of ``configs/base.yaml``) except the two ``ModelCheckpoint`` callbacks, removed as
   the study removes them (:func:`modelwright.study.patch_callbacks`): the raw loop writes no checkpoint either.
   Validation is off in every loop (``limit_val_batches 0``).
@@ -92,11 +92,11 @@ class Stamps:
 
 def _install_probes(stamps: Stamps) -> None:
     """Wrap the training loader's ``collate_fn`` and the network's first forward, in every loop alike."""
-    import modelwright.module
-    from modelwright.data import ImageDataModule
+    import modelwright.train.module
+    from modelwright.train.data import ImageDataModule
 
     original_loader = ImageDataModule.train_dataloader
-    original_build = modelwright.module.build_model
+    original_build = modelwright.train.module.build_model
 
     def train_dataloader(self):
         loader = original_loader(self)
@@ -109,7 +109,7 @@ def _install_probes(stamps: Stamps) -> None:
         return net
 
     ImageDataModule.train_dataloader = train_dataloader
-    modelwright.module.build_model = build_model
+    modelwright.train.module.build_model = build_model
 
 
 def _common_overrides(spec: dict[str, Any], log_dir: str) -> list[str]:
@@ -138,9 +138,9 @@ def _raw_loop(spec: dict[str, Any], device) -> None:
     import torch.nn.functional as F
     from lightning.fabric.utilities.seed import seed_everything
 
-    import modelwright.module as mm
-    from modelwright.data import ImageDataModule
-    from modelwright.runtime import set_cpu_malloc
+    import modelwright.train.module as mm
+    from modelwright.train.data import ImageDataModule
+    from modelwright.train.runtime import set_cpu_malloc
 
     hp = spec["model_hparams"]
     # The process settings of the base config, as the CLI and the Accelerate loop apply them.
@@ -208,11 +208,11 @@ def worker(loop: str, spec_path: Path) -> int:
             _raw_loop(spec, device)
             status = 0
         elif loop == "accelerate":
-            from modelwright.accelerate_loop import main as accelerate_main
+            from modelwright.loops.accelerate import main as accelerate_main
 
             status = accelerate_main(_common_overrides(spec, log_dir))
         else:
-            from modelwright.cli import cli_main
+            from modelwright.train.cli import cli_main
 
             status = cli_main(["fit", *_common_overrides(spec, log_dir)])
     if status != 0:

@@ -40,8 +40,8 @@ if [[ $CHECK == 1 ]]; then
     "$PY" - <<'PYEOF'
 import importlib
 for name in ("torch", "lightning", "jsonargparse", "accelerate", "tensorboard", "torchvision", "torchmetrics",
-             "matplotlib", "yaml", "modelwright.cli", "modelwright.study", "modelwright.report",
-             "modelwright.accelerate_loop", "callbacks.run_record"):
+             "matplotlib", "yaml", "modelwright.train.cli", "modelwright.study", "modelwright.report",
+             "modelwright.loops.accelerate", "callbacks.run_record"):
     importlib.import_module(name)
 print("imports: ok")
 PYEOF
@@ -81,7 +81,7 @@ step() {  # step NAME SECONDS COMMAND...
 
 # Effective batch 128 (the CPU study's, so the two compare), more steps for steadier times; the budget
 # runs find the largest batch that fits 40 GiB: the realistic GPU batch sizes.
-STUDY=(-m modelwright.study --accelerator cuda --results "$RESULTS" --warmup-steps 3 --steps 10
+STUDY=(-m modelwright study --accelerator cuda --results "$RESULTS" --warmup-steps 3 --steps 10
        --budget-gib 40 --run-timeout-s 90 --no-readme)
 step "study resnet18" 210 "$PY" "${STUDY[@]}"
 step "study vit" 120 "$PY" "${STUDY[@]}" --plan configs/study/plan_vit.yaml

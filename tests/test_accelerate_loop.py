@@ -21,8 +21,8 @@ import torch
 from conftest import REPO_ROOT, TINY
 
 from callbacks.fault_tolerance import NonFiniteLossError
-from modelwright import accelerate_loop as al
-from modelwright.cli import cli_main
+from modelwright.loops import accelerate as al
+from modelwright.train.cli import cli_main
 from modelwright.errors import ConfigError
 from modelwright.measure import peak_cache_key
 from modelwright.record import read_record
@@ -121,7 +121,7 @@ def test_two_cpu_processes_with_torchrun_write_one_record(tmp_path, subprocess_e
         "--config", "configs/ddp.yaml", *SMALL, "--data.train_size", "24", "--trainer.max_epochs", "1",
         "--trainer.logger.init_args.save_dir", str(tmp_path),
     ]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "modelwright.accelerate_loop"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "modelwright", "accelerate"]
     proc = subprocess.run(
         [*cmd, *args], cwd=REPO_ROOT, env=subprocess_env, capture_output=True, text=True, timeout=280
     )

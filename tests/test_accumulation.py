@@ -5,8 +5,8 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import torch
 
-from modelwright.data import ImageDataModule
-from modelwright.module import ImageClassifier
+from modelwright.train.data import ImageDataModule
+from modelwright.train.module import ImageClassifier
 
 
 class GradientCapture(pl.Callback):

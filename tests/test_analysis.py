@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from modelwright import analysis, planner
+from modelwright import planner
+from modelwright.report import analysis
 from modelwright.record import read_records
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "records_fixture.jsonl"
@@ -72,7 +73,7 @@ def test_fixture_document_has_every_section_and_the_records_numbers(workdir, cap
         assert q in text
     _no_leaks(text)
     # the command, hardware and versions of the records
-    assert f"uv run python -m modelwright.analysis --results results/{SLUG}" in text
+    assert f"uv run python -m modelwright analysis --results results/{SLUG}" in text
     assert "CPU: Example CPU 9000, 2 cores" in text and "torch 2.15.0" in text and "lightning 2.6.6" in text
     assert f"(../results/{SLUG}/records.jsonl)" in text
     # the baseline's measured peak, the amp run's ratio (the median of its two repeats), the failed run

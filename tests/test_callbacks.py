@@ -21,11 +21,11 @@ from callbacks.flops_monitor import FlopsMonitor
 from callbacks.memory_monitor import MemoryMonitor
 from callbacks.run_record import RunRecord
 from callbacks.step_timer import StepTimeMonitor
-from modelwright.cli import cli_main
-from modelwright.data import ImageDataModule
+from modelwright.train.cli import cli_main
+from modelwright.train.data import ImageDataModule
 from modelwright.measure import MIB, error_status, training_flops
-from modelwright.models import build_model
-from modelwright.module import ImageClassifier
+from modelwright.train.models import build_model
+from modelwright.train.module import ImageClassifier
 from modelwright.record import read_record, read_records, validate_record
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import REPO_ROOT, fit_args
 
-from modelwright.cli import cli_main
+from modelwright.train.cli import cli_main
 
 CONFIGS = sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml"))
 DISTRIBUTED = {"ddp.yaml", "fsdp2.yaml"}

@@ -7,8 +7,8 @@ import torch
 from cifar_fixture import trust_fixture, write_tiny_cifar10
 from conftest import fit_args
 
-from modelwright.cli import cli_main
-from modelwright.data import ImageDataModule, synthetic_images
+from modelwright.train.cli import cli_main
+from modelwright.train.data import ImageDataModule, synthetic_images
 from modelwright.errors import ConfigError
 
 

@@ -34,7 +34,7 @@ import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-from modelwright.cli import cli_main
+from modelwright.train.cli import cli_main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -284,7 +284,7 @@ def test_fsdp_config_carries_per_block_wrapping_and_checkpointing(capsys):
     blocks = {
         "torchvision.models.resnet.BasicBlock",
         "torchvision.models.vision_transformer.EncoderBlock",
-        "modelwright.models.ConvBlock",
+        "modelwright.train.models.ConvBlock",
     }
     assert set(strategy["init_args"]["auto_wrap_policy"]) == blocks
     assert set(strategy["init_args"]["activation_checkpointing_policy"]) == blocks

@@ -25,7 +25,7 @@ from modelwright.measure import (
     resolve_peak_flops,
     training_flops,
 )
-from modelwright.models import apply_gradient_checkpointing, build_model
+from modelwright.train.models import apply_gradient_checkpointing, build_model
 from modelwright.record import (
     SCHEMA,
     RecordError,

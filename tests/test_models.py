@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from modelwright.errors import ConfigError
-from modelwright.models import MODEL_NAMES, apply_gradient_checkpointing, build_model, checkpoint_segments
+from modelwright.train.models import MODEL_NAMES, apply_gradient_checkpointing, build_model, checkpoint_segments
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

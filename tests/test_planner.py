@@ -167,7 +167,7 @@ def test_compare():
 def test_cli_prints_markdown(tmp_path):
     numbers = ["--params", "11173962", "--activation-mib-per-sample", "4", "--step-time-ms", "3000"]
     out = subprocess.run(
-        [sys.executable, "-m", "modelwright.planner", *numbers, "--devices", "1", "8"],
+        [sys.executable, "-m", "modelwright", "plan", *numbers, "--devices", "1", "8"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -181,7 +181,7 @@ def test_cli_prints_markdown(tmp_path):
         json.dumps(_record(strategy="ddp", world_size=2)) + "\n" + json.dumps(_record()) + "\n"
     )
     from_record = subprocess.run(
-        [sys.executable, "-m", "modelwright.planner", "--record", str(records), "--devices", "1", "8"],
+        [sys.executable, "-m", "modelwright", "plan", "--record", str(records), "--devices", "1", "8"],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout
     assert "FSDP" in from_record
@@ -190,7 +190,7 @@ def test_cli_prints_markdown(tmp_path):
 
 def test_cli_without_numbers_or_records_says_what_it_needs(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "modelwright.planner"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        [sys.executable, "-m", "modelwright", "plan"], capture_output=True, text=True, timeout=60, cwd=tmp_path
     )
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "--record" in proc.stderr
@@ -200,7 +200,7 @@ def test_cli_without_numbers_or_records_says_what_it_needs(tmp_path):
 
 def test_cli_bad_argument_names_the_flag():
     result = subprocess.run(
-        [sys.executable, "-m", "modelwright.planner", "--devices", "0"],
+        [sys.executable, "-m", "modelwright", "plan", "--devices", "0"],
         capture_output=True,
         text=True,
         timeout=60,

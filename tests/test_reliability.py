@@ -21,8 +21,8 @@ from conftest import REPO_ROOT, fit_args
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.fault_tolerance import NonFiniteLossError, NonFiniteLossGuard
-from modelwright.cli import cli_main
-from modelwright.resume import ResumableDataLoader, ResumableRandomSampler
+from modelwright.train.cli import cli_main
+from modelwright.train.resume import ResumableDataLoader, ResumableRandomSampler
 from modelwright.study import DONE_STATUSES
 
 SMALL = ["--model.model_name", "smallcnn", "--trainer.max_epochs", "2", "--data.train_size", "64"]  # 8 steps/epoch

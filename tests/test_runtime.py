@@ -1,4 +1,4 @@
-"""modelwright.runtime: glibc malloc keeps freed memory with ``retain`` (counted in page faults, not time)."""
+"""modelwright.train.runtime: glibc malloc keeps freed memory with ``retain`` (counted in page faults, not time)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from modelwright.runtime import set_cpu_malloc
+from modelwright.train.runtime import set_cpu_malloc
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
@@ -19,7 +19,7 @@ GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 PROBE = textwrap.dedent("""
     import resource, sys
     import torch
-    from modelwright.runtime import set_cpu_malloc
+    from modelwright.train.runtime import set_cpu_malloc
     applied = set_cpu_malloc(sys.argv[1])
     def faults():
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -27,12 +27,12 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
-from modelwright.data import ImageDataModule
+from modelwright.train.data import ImageDataModule
 from modelwright.errors import ConfigError, require
-from modelwright.module import ImageClassifier
-from modelwright.runtime import set_cpu_malloc
+from modelwright.train.module import ImageClassifier
+from modelwright.train.runtime import set_cpu_malloc
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from modelwright import REPO_ROOT
 BASE_CONFIG = REPO_ROOT / "configs" / "base.yaml"
 log = logging.getLogger("modelwright")
 
@@ -106,7 +106,7 @@ def _check_strategy(trainer_cfg) -> None:
 
 
 def add_cpu_malloc_argument(parser) -> None:
-    """The top-level ``cpu_malloc`` key (``retain`` or ``system``; :func:`modelwright.runtime.set_cpu_malloc`)."""
+    """The top-level ``cpu_malloc`` key (``retain`` or ``system``; :func:`modelwright.train.runtime.set_cpu_malloc`)."""
     parser.add_argument(
         "--cpu_malloc", type=Literal["retain", "system"], default="retain",
         help="glibc malloc: retain freed memory for the next step (fewer page faults) or leave it as it is.",

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from modelwright.errors import ConfigError, require
-from modelwright.resume import ResumableDataLoader, ResumableRandomSampler, TrainLoaderResume
+from modelwright.train.resume import ResumableDataLoader, ResumableRandomSampler, TrainLoaderResume
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -135,7 +135,7 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
         hp = self.hparams
-        # The training loader resumes mid-epoch (modelwright.resume); its shuffle is RandomSampler's.
+        # The training loader resumes mid-epoch (modelwright.train.resume); its shuffle is RandomSampler's.
         extra = {"sampler": ResumableRandomSampler(dataset), "resume": self._resume.take} if shuffle else {}
         return (ResumableDataLoader if shuffle else DataLoader)(
             dataset,

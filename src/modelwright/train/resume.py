@@ -12,7 +12,7 @@ What Lightning 2.6 does on ``fit(ckpt_path=...)``, and what it leaves to the Dat
   saved state is never loaded (Lightning issue #20550, open).
 
 So the position also travels a second way, through the LightningDataModule, whose state Lightning restores
-first: :class:`TrainLoaderResume` (held by :class:`modelwright.data.ImageDataModule`) saves the position of
+first: :class:`TrainLoaderResume` (held by :class:`modelwright.train.data.ImageDataModule`) saves the position of
 the loader in use and hands it, on resume, to the loader's first pass, through the ``resume`` argument of
 :class:`ResumableDataLoader` (an ``__init__`` argument survives Lightning re-creating the loader to insert a
 DistributedSampler). A state delivered both ways is the same state, applied once.

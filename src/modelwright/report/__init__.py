@@ -1,6 +1,6 @@
 """The study's report: records → ``table.md``, ``summary.json``, PNG plots and the README's results section.
 
-To run: ``uv run python -m modelwright.report results/<hardware-slug>`` (the study runs it at its end).
+To run: ``uv run python -m modelwright report results/<hardware-slug>`` (the study runs it at its end).
 
 Everything is derived from ``records.jsonl`` (and ``study.json`` for the study's own wall time), so the
 same records always give the same ``table.md``. Which records count:
@@ -740,7 +740,7 @@ def readme_subsection(results_dir: Path, readme_dir: Path) -> str | None:
     if info.get("wall_time_s") is not None and not info.get("runs_skipped"):
         timing += f"; the study that produced them took {_duration(float(info['wall_time_s']))} wall clock"
     timing += "."
-    command = info.get("command") or "uv run python -m modelwright.study"
+    command = info.get("command") or "uv run python -m modelwright study"
     hw = c["hardware"]
     head = hw.get("device_name") if hw.get("accelerator") != "cpu" else f"{hw.get('cpu_cores')}-core CPU"
     parts = [
@@ -773,7 +773,7 @@ def readme_section(results_root: Path, readme_dir: Path) -> str:
         if (text := readme_subsection(d, readme_dir)) is not None
     ]
     intro = (
-        "_Written by `uv run python -m modelwright.report results/<hardware>` from the study's records; "
+        "_Written by `uv run python -m modelwright report results/<hardware>` from the study's records; "
         "do not edit by hand. " + NOTES + "_"
     )
     return "\n".join([intro, "", *subsections]).rstrip() + "\n"
@@ -808,7 +808,7 @@ def generate(results_dir: str | os.PathLike, readme: str | os.PathLike | None = 
     """
     results_dir = Path(results_dir)
     path = results_dir / "records.jsonl"
-    require(path.is_file(), f"{results_dir}: no records.jsonl (run `python -m modelwright.study` first)")
+    require(path.is_file(), f"{results_dir}: no records.jsonl (run `python -m modelwright study` first)")
     records = read_records(path)
     require(bool(study_records(records)), f"{path}: no study records (records with a 'study' section)")
     slug = results_dir.name
@@ -831,7 +831,7 @@ def generate(results_dir: str | os.PathLike, readme: str | os.PathLike | None = 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m modelwright.report",
+        prog="python -m modelwright report",
         description="Write table.md, summary.json and plots for a results folder; regenerate the README section.",
     )
     parser.add_argument("results_dir", help="results/<hardware-slug> holding records.jsonl")

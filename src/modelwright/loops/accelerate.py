@@ -1,8 +1,8 @@
 """The same training as ``main.py fit``, in a plain loop driven by Hugging Face Accelerate.
 
-To run: ``uv run python -m modelwright.accelerate_loop --config configs/amp.yaml`` (one process, CPU or GPU).
-On N GPUs: ``uv run accelerate launch --num_processes N -m modelwright.accelerate_loop --config configs/ddp.yaml``;
-on N CPU processes: ``uv run torchrun --nproc_per_node N -m modelwright.accelerate_loop --config configs/ddp.yaml``
+To run: ``uv run python -m modelwright accelerate --config configs/amp.yaml`` (one process, CPU or GPU).
+On N GPUs: ``uv run accelerate launch --num_processes N -m modelwright accelerate --config configs/ddp.yaml``;
+on N CPU processes: ``uv run torchrun --nproc_per_node N -m modelwright accelerate --config configs/ddp.yaml``
 (``accelerate launch --cpu --num_processes 2`` was seen to start one process only).
 
 "The same" means the same files and the same objects:
@@ -12,7 +12,7 @@ on N CPU processes: ``uv run torchrun --nproc_per_node N -m modelwright.accelera
   as they do for ``main.py fit``;
 * the network, loss, metrics and technique switches are :class:`ImageClassifier`'s (``configure_model``
   applies gradient checkpointing, channels_last and compile), the data is :class:`ImageDataModule`'s;
-* the optimizer and schedule come from ``modelwright.module.build_optimizer`` / ``build_scheduler``, as in
+* the optimizer and schedule come from ``modelwright.train.module.build_optimizer`` / ``build_scheduler``, as in
   ``ImageClassifier.configure_optimizers``;
 * the seed and the order of everything that draws from the global RNG before the first batch match
   LightningCLI's, so a one-process fp32 run reproduces the Lightning run's losses step by step;
@@ -57,8 +57,8 @@ from callbacks.flops_monitor import FlopsMonitor
 from callbacks.memory_monitor import MemoryMonitor
 from callbacks.run_record import RunRecord
 from callbacks.step_timer import StepTimeMonitor
-from modelwright.cli import BASE_CONFIG, add_cpu_malloc_argument, user_error_message
-from modelwright.data import ImageDataModule
+from modelwright.train.cli import BASE_CONFIG, add_cpu_malloc_argument, user_error_message
+from modelwright.train.data import ImageDataModule
 from modelwright.errors import ConfigError, require
 from modelwright.measure import (
     AnatomyUnavailable,
@@ -81,9 +81,9 @@ from modelwright.measure import (
     training_flops,
     versions,
 )
-from modelwright.module import ImageClassifier, build_optimizer, build_scheduler
+from modelwright.train.module import ImageClassifier, build_optimizer, build_scheduler
 from modelwright.record import METRIC_KEYS, append_record, new_record, to_jsonable, write_record
-from modelwright.runtime import set_cpu_malloc
+from modelwright.train.runtime import set_cpu_malloc
 
 log = logging.getLogger("modelwright")
 
@@ -191,7 +191,7 @@ def limit_batches(length: int, limit: int | float, key: str) -> int:
 def build_parser():
     """The ``fit`` parser of ``main.py`` (base config first, same signatures) plus ``--record``."""
     parser = LightningArgumentParser(
-        prog="python -m modelwright.accelerate_loop",
+        prog="python -m modelwright accelerate",
         description="Train with Hugging Face Accelerate from the same configs as `main.py fit`.",
         default_config_files=[str(BASE_CONFIG)],
         exit_on_error=False,

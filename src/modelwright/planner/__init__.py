@@ -1,6 +1,6 @@
 """Memory, communication, time and cost model for DP, ZeRO-1/2/3 (FSDP), TP and PP at N devices.
 
-To run: ``uv run python -m modelwright.planner [--record results/<hw>/records.jsonl] [--devices 1 8 64]``
+To run: ``uv run python -m modelwright plan [--record results/<hw>/records.jsonl] [--devices 1 8 64]``
 
 The model is fed by numbers measured on one device (a run record, or plain numbers in a :class:`JobSpec`)
 and predicts, per rank, the memory anatomy, the bytes each rank sends per optimizer step, the step time,
@@ -943,7 +943,7 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's argument parser."""
     p = OneLineParser(
-        prog="python -m modelwright.planner",
+        prog="python -m modelwright plan",
         description="Predict per-device memory, communication, step time and cost of DP, ZeRO-1/2/3 (FSDP), "
         "TP and PP at N devices; prints Markdown.",
     )
@@ -1009,7 +1009,7 @@ def _spec_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         default = default_records_file()
         if default is None:
             parser.error(
-                "--record: no results/*/records.jsonl to read; run `python -m modelwright.study` or give "
+                "--record: no results/*/records.jsonl to read; run `python -m modelwright study` or give "
                 "--record, or --params with --activation-mib-per-sample and --step-time-ms"
             )
         args.record = str(default)

@@ -1,6 +1,6 @@
 """The efficiency study: a plan of experiment configs, each trained for a short measured window in a fresh process.
 
-To run: ``uv run python -m modelwright.study`` (the default plan, ``configs/study/plan_default.yaml``);
+To run: ``uv run python -m modelwright study`` (the default plan, ``configs/study/plan_default.yaml``);
 ``--plan configs/study/plan_vit.yaml`` for another plan, ``--accelerator cuda`` on a GPU, ``--help`` for the rest.
 
 Each run is ``python main.py fit --config <experiment delta> ...`` in its own process (so a run's peak
@@ -56,7 +56,7 @@ import yaml
 from modelwright.errors import ConfigError, require
 from modelwright.record import append_record, get_path, new_record, read_records, to_jsonable, validate_record
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from modelwright import REPO_ROOT
 BASE_CONFIG = REPO_ROOT / "configs" / "base.yaml"
 DEFAULT_PLAN = REPO_ROOT / "configs" / "study" / "plan_default.yaml"
 MIB_PER_GIB = 1024
@@ -935,7 +935,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     p = _OneLineParser(
-        prog="python -m modelwright.study",
+        prog="python -m modelwright study",
         description="Run a plan of experiment configs (each in a fresh process), then write the table, "
         "plots and README section.",
     )
@@ -1069,7 +1069,7 @@ def run_study(argv: Sequence[str] | None = None) -> int:
     given = list(argv if argv is not None else sys.argv[1:])
     summary = {
         "plan": plan.path,
-        "command": shlex.join(["uv", "run", "python", "-m", "modelwright.study", *given]),
+        "command": shlex.join(["uv", "run", "python", "-m", "modelwright", "study", *given]),
         "slug": settings.slug,
         "accelerator": settings.accelerator,
         "warmup_steps": settings.warmup_steps,

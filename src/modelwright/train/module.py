@@ -17,7 +17,7 @@ from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
 from modelwright.errors import require
-from modelwright.models import apply_gradient_checkpointing, build_model, checkpoint_segments
+from modelwright.train.models import apply_gradient_checkpointing, build_model, checkpoint_segments
 
 OptimizerName = Literal["sgd", "adamw"]
 OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
