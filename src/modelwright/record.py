@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+#: Bumped when what a figure means changes (the MFU peak, the anatomy categories): records of different
+#: definitions are not put in one table.
+DEFINITIONS_VERSION = 2
 STATUSES = ("ok", "failed", "diverged", "interrupted", "oom")
 LOOPS = ("lightning", "accelerate", "raw")
 PEAK_FLOPS_SOURCES = ("lightning-table", "config", "measured-matmul", None)
@@ -304,6 +307,60 @@ def new_record(run_id: str | None = None, loop: str = "lightning") -> dict[str, 
         history={},
     )
     return record
+
+
+def provenance(command: list[str] | None = None) -> dict[str, Any]:
+    """Where a record came from: the git commit of the checkout (``dirty`` if it has uncommitted changes to
+    tracked files), the command line, and the versions of the definitions its figures follow."""
+    import subprocess
+    import sys
+
+    from modelwright import REPO_ROOT
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {
+        "commit": commit,
+        "dirty": None if status is None else bool(status),
+        "command": " ".join(command if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "definitions": DEFINITIONS_VERSION,
+    }
+
+
+def build_record(
+    *,
+    loop: str,
+    status: str = "ok",
+    error: str | None = None,
+    run_id: str | None = None,
+    command: list[str] | None = None,
+    **sections: Any,
+) -> dict[str, Any]:
+    """The one way to make a run record, whatever produced it (a callback, the Accelerate loop, the study).
+
+    ``sections`` are the record's top-level keys (``config``, ``techniques``, ``hardware``, ``versions``,
+    ``timing``, ``flops``, ``memory``, ``metrics``, ``history``, ``faults``, ``study``, ...); a dict section of
+    the schema is merged over its skeleton, so a writer gives only what it measured. The result is JSON-ready and
+    carries its :func:`provenance`; it is validated when written.
+    """
+    record = new_record(run_id=run_id, loop=loop)
+    record["status"], record["error"] = status, error
+    for key, value in sections.items():
+        if value is None:
+            continue
+        if isinstance(record.get(key), dict) and isinstance(value, Mapping) and key not in ("config", "history"):
+            record[key] = {**record[key], **value}
+        else:
+            record[key] = value
+    record["provenance"] = provenance(command)
+    return to_jsonable(record)
 
 
 def to_jsonable(obj: Any) -> Any:
