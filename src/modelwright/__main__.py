@@ -1,24 +1,50 @@
-"""To run: ``uv run python -m modelwright <tool> --help``; the tools are listed in :data:`TOOLS`."""
+"""To run: ``uv run python -m modelwright <tool> --help`` with a tool of :data:`TOOLS`.
 
+One command-line convention for every tool: a typed function whose signature and Google-style docstring
+jsonargparse turns into flags (``--budget_gib 16``, like LightningCLI's ``--ckpt_path``) and a ``--config`` file.
+Only the chosen tool's module is imported, so a bad flag is reported before torch loads where the tool allows.
+A user's error is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
 import importlib
+import os
 import sys
 
-#: tool name → the module whose ``main(argv)`` runs it.
+#: tool → "module:function".
 TOOLS = {
-    "study": "modelwright.study",
-    "report": "modelwright.report",
-    "analysis": "modelwright.report.analysis",
-    "plan": "modelwright.planner",
-    "accelerate": "modelwright.loops.accelerate",
+    "study": "modelwright.study:study",
+    "report": "modelwright.report:report",
+    "plan": "modelwright.planner:plan",
+    "accelerate": "modelwright.loops.accelerate:accelerate",
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    from modelwright.errors import ConfigError, one_line
+
+    argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in TOOLS:
-        print(f"usage: python -m modelwright {{{','.join(TOOLS)}}} ...", file=sys.stderr)
+        given = f" (got {argv[0]!r})" if argv and not argv[0].startswith("-") else ""
+        print(f"usage: python -m modelwright {{{','.join(TOOLS)}}} [--help]{given}", file=sys.stderr)
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    name, rest = argv[0], argv[1:]
+    module_name, func_name = TOOLS[name].split(":")
+    module = importlib.import_module(module_name)
+    func = getattr(module, func_name, None)
+    try:
+        if func is None:  # a tool not yet on the typed convention
+            return int(module.main(rest) or 0)
+        from jsonargparse import CLI
+
+        return int(CLI(func, args=rest, prog=f"python -m modelwright {name}", exit_on_error=False) or 0)
+    except (ConfigError, argparse.ArgumentError) as err:
+        if os.environ.get("MODELWRIGHT_DEBUG") == "1":
+            raise
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
-    return importlib.import_module(TOOLS[argv[0]]).main(argv[1:])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,10 @@
 """Errors that are the user's to fix: reported as one line naming the key or file, never as a traceback."""
 
+from __future__ import annotations
+
+import argparse
+import re
+
 
 class ConfigError(ValueError):
     """A configuration value, file or combination that cannot run; the message names the key or path."""
@@ -9,3 +14,20 @@ def require(condition: bool, message: str) -> None:
     """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(message)
+
+
+def one_line(err: BaseException) -> str:
+    """The one line a user sees: jsonargparse's multi-line parse error condensed to ``key: problem; valid: ...``."""
+    text = str(err)
+    if not isinstance(err, argparse.ArgumentError):
+        return " ".join(text.split())
+    match = re.match(r'Parser key "([^"]+)":\s*(.*)', text, re.S)
+    if not match:
+        return " ".join(text.split())
+    key, body = match.groups()
+    given = re.search(r"(?:Given|Got) value:\s*(.+)", body)
+    choices = max(re.findall(r"Literal\[([^\]]*)\]", body), key=len, default=None)
+    if given and choices:
+        return f"{key}: invalid value {given.group(1).strip()!r}; valid: {choices.replace(chr(39), '')}"
+    first = body.strip().splitlines()[0].strip()
+    return f"{key}: {first}"

@@ -57,9 +57,7 @@ from callbacks.flops_monitor import FlopsMonitor
 from callbacks.memory_monitor import MemoryMonitor
 from callbacks.run_record import RunRecord
 from callbacks.step_timer import StepTimeMonitor
-from modelwright.train.cli import BASE_CONFIG, add_cpu_malloc_argument, user_error_message
-from modelwright.train.data import ImageDataModule
-from modelwright.errors import ConfigError, require
+from modelwright.errors import ConfigError, one_line, require
 from modelwright.measure import (
     AnatomyUnavailable,
     CudaEventTimer,
@@ -81,8 +79,10 @@ from modelwright.measure import (
     training_flops,
     versions,
 )
-from modelwright.train.module import ImageClassifier, build_optimizer, build_scheduler
 from modelwright.record import METRIC_KEYS, append_record, new_record, to_jsonable, write_record
+from modelwright.train.cli import BASE_CONFIG, add_cpu_malloc_argument
+from modelwright.train.data import ImageDataModule
+from modelwright.train.module import ImageClassifier, build_optimizer, build_scheduler
 from modelwright.train.runtime import set_cpu_malloc
 
 log = logging.getLogger("modelwright")
@@ -987,7 +987,7 @@ def main(args: list[str] | None = None) -> int:
     except (ConfigError, argparse.ArgumentError) as err:
         if debug:
             raise
-        print(f"error: {user_error_message(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     finally:
         if not distributed:

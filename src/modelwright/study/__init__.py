@@ -53,10 +53,10 @@ from typing import Any
 
 import yaml
 
+from modelwright import REPO_ROOT
 from modelwright.errors import ConfigError, require
 from modelwright.record import append_record, get_path, new_record, read_records, to_jsonable, validate_record
 
-from modelwright import REPO_ROOT
 BASE_CONFIG = REPO_ROOT / "configs" / "base.yaml"
 DEFAULT_PLAN = REPO_ROOT / "configs" / "study" / "plan_default.yaml"
 MIB_PER_GIB = 1024

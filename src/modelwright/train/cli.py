@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 import zipfile
 from pathlib import Path
@@ -27,12 +26,12 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
+from modelwright import REPO_ROOT
+from modelwright.errors import ConfigError, one_line, require
 from modelwright.train.data import ImageDataModule
-from modelwright.errors import ConfigError, require
 from modelwright.train.module import ImageClassifier
 from modelwright.train.runtime import set_cpu_malloc
 
-from modelwright import REPO_ROOT
 BASE_CONFIG = REPO_ROOT / "configs" / "base.yaml"
 log = logging.getLogger("modelwright")
 
@@ -185,26 +184,6 @@ def _say(message: str) -> None:
     log.warning(message)
 
 
-def one_line(err: argparse.ArgumentError) -> str:
-    """Condense jsonargparse's multi-line parse error into ``key: problem; valid: ...``."""
-    text = str(err)
-    match = re.match(r'Parser key "([^"]+)":\s*(.*)', text, re.S)
-    if not match:
-        return " ".join(text.split())
-    key, body = match.groups()
-    given = re.search(r"(?:Given|Got) value:\s*(.+)", body)
-    choices = max(re.findall(r"Literal\[([^\]]*)\]", body), key=len, default=None)
-    if given and choices:
-        return f"{key}: invalid value {given.group(1).strip()!r}; valid: {choices.replace(chr(39), '')}"
-    first = body.strip().splitlines()[0].strip()
-    return f"{key}: {first}"
-
-
-def user_error_message(err: ConfigError | argparse.ArgumentError) -> str:
-    """The one line a user sees for a configuration error."""
-    return one_line(err) if isinstance(err, argparse.ArgumentError) else str(err)
-
-
 def cli_main(args: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0, or 2 for a configuration error)."""
     debug = os.environ.get("MODELWRIGHT_DEBUG") == "1"
@@ -226,7 +205,7 @@ def cli_main(args: list[str] | None = None) -> int:
     except (ConfigError, argparse.ArgumentError) as err:
         if debug:
             raise
-        print(f"error: {user_error_message(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     except FloatingPointError as err:  # callbacks.fault_tolerance.NonFiniteLossError: the run diverged
         if debug:
