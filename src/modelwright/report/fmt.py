@@ -27,8 +27,8 @@ def sig(value: Any, digits: int = 3, suffix: str = "") -> str:
         return DASH
     if v == 0:
         return f"0{suffix}"
-    decimals = max(0, digits - 1 - math.floor(math.log10(abs(v))))
-    return f"{round(v, decimals):,.{decimals}f}{suffix}"
+    decimals = digits - 1 - math.floor(math.log10(abs(v)))
+    return f"{round(v, decimals):,.{max(0, decimals)}f}{suffix}"
 
 
 def ratio(value: Any, digits: int = 2) -> str:
