@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,12 @@ TINY = [
     "--trainer.enable_progress_bar", "false",
     "--trainer.enable_model_summary", "false",
 ]
+
+
+def pytest_configure(config) -> None:
+    """Nothing a test does may read or write the user's caches: the peak-FLOP cache goes to a folder of this run,
+    inherited by every child process, so no test depends on which tests (or which earlier runs) came before it."""
+    os.environ["MODELWRIGHT_CACHE_DIR"] = tempfile.mkdtemp(prefix="modelwright-test-cache-")
 
 
 @pytest.fixture

@@ -125,3 +125,48 @@ def test_bad_input_fails_in_one_line(case, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and key in err[0], err
     assert not _versions(log_dir), "no log version is left behind"
+
+
+def test_bare_config_name_resolves_to_configs(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["fit", "--config", "amp.yaml", "--print_config"])
+    assert exit_info.value.code == 0
+    assert "precision: bf16-mixed" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli_main(["fit", "--config", "accumulate", "--print_config"])
+    assert "accumulate_grad_batches: 4" in capsys.readouterr().out
+
+
+def test_unknown_config_name_lists_the_configs(capsys):
+    assert cli_main(["fit", "--config", "ampp.yaml"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "'ampp.yaml'" in line and "amp.yaml" in line and "fsdp2.yaml" in line
+
+
+@pytest.mark.parametrize("flag", ["--optimizer", "--lr_scheduler"])
+def test_generic_optimizer_flags_point_to_the_model(flag, capsys):
+    assert cli_main(["fit", flag, "Adam"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {flag[2:]}:") and "--model.optimizer" in line
+
+
+TRAINER_REFUSALS = {
+    "devices 0": (["--trainer.devices", "0"], "trainer.devices"),
+    "num_nodes 0": (["--trainer.num_nodes", "0"], "trainer.num_nodes"),
+    "limit_train_batches 1.5": (["--trainer.limit_train_batches", "1.5"], "trainer.limit_train_batches"),
+    "max_epochs -2": (["--trainer.max_epochs", "-2"], "trainer.max_epochs"),
+    "max_steps -2": (["--trainer.max_steps", "-2"], "trainer.max_steps"),
+    # Lightning accepts these, and a negative clip value flips the sign of the gradients.
+    "negative clip": (["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val"),
+    "validation every 0 epochs": (["--trainer.check_val_every_n_epoch", "0"], "trainer.check_val_every_n_epoch"),
+}
+
+
+@pytest.mark.parametrize("case", TRAINER_REFUSALS, ids=list(TRAINER_REFUSALS))
+def test_trainer_refusals_are_one_line(case, tmp_path, capsys):
+    args, key = TRAINER_REFUSALS[case]
+    log_dir = tmp_path / "logs"
+    assert cli_main(fit_args(log_dir, *args)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {key}:"), err
+    assert not _versions(log_dir)

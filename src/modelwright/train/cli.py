@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import zipfile
 from pathlib import Path
@@ -26,13 +27,13 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
-from modelwright import REPO_ROOT
+from modelwright import CONFIGS_DIR
 from modelwright.errors import ConfigError, one_line, require
 from modelwright.train.data import ImageDataModule
 from modelwright.train.module import ImageClassifier
 from modelwright.train.runtime import set_cpu_malloc
 
-BASE_CONFIG = REPO_ROOT / "configs" / "base.yaml"
+BASE_CONFIG = CONFIGS_DIR / "base.yaml"
 log = logging.getLogger("modelwright")
 
 
@@ -51,23 +52,65 @@ def find_last_checkpoint(log_root: Path) -> Path:
     return candidates[-1]
 
 
-def check_config_files(argv: list[str]) -> None:
-    """Raise, naming the file, for a ``--config`` file that is not valid YAML (jsonargparse's message does not)."""
+def resolve_config_args(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--config`` value made a readable YAML file, or a one-line error naming it.
+
+    A bare name resolves to ``configs/<name>`` or ``configs/<name>.yaml`` (``--config amp`` is ``configs/amp.yaml``);
+    a file that is not valid YAML is named with its line (jsonargparse's own message does not name it).
+    """
     import yaml
 
-    for flag, value in zip(argv, argv[1:], strict=False):
-        path = Path(value)
-        if flag not in ("--config", "-c") or not path.is_file():
-            continue  # a missing file is jsonargparse's to report, with its name
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg in ("--config", "-c") and i + 1 < len(out):
+            out[i + 1] = str(_config_file(out[i + 1]))
+        elif arg.startswith("--config="):
+            out[i] = f"--config={_config_file(arg.split('=', 1)[1])}"
+    for flag, value in zip(out, out[1:], strict=False):
+        if flag not in ("--config", "-c"):
+            continue
         try:
-            yaml.safe_load(path.read_text())
+            yaml.safe_load(Path(value).read_text())
         except yaml.YAMLError as err:
             where = getattr(err, "problem_mark", None)
             line = f" line {where.line + 1}" if where is not None else ""
             problem = getattr(err, "problem", None) or err
-            raise ConfigError(f"config: {path}:{line} is not valid YAML ({problem})") from None
+            raise ConfigError(f"config: {value}:{line} is not valid YAML ({problem})") from None
         except OSError as err:
-            raise ConfigError(f"config: cannot read {path} ({err.strerror})") from None
+            raise ConfigError(f"config: cannot read {value} ({err.strerror})") from None
+    return out
+
+
+def _config_file(value: str) -> Path:
+    for candidate in (Path(value), CONFIGS_DIR / value, CONFIGS_DIR / f"{value}.yaml"):
+        if candidate.is_file():
+            return candidate
+    names = sorted(p.relative_to(CONFIGS_DIR).as_posix() for p in CONFIGS_DIR.rglob("*.yaml"))
+    raise ConfigError(f"config: no file {value!r} here or in configs/; available: {', '.join(names)}")
+
+
+def check_no_generic_optimizer(argv: list[str]) -> None:
+    """Lightning's ``--optimizer``/``--lr_scheduler`` would replace the model's own optimizer and schedule."""
+    for arg in argv:
+        flag = arg.split("=", 1)[0]
+        if flag in ("--optimizer", "--lr_scheduler"):
+            raise ConfigError(
+                f"{flag.lstrip('-')}: not used here; choose the optimizer with --model.optimizer (sgd, adamw) and "
+                "--model.optimizer_impl, the schedule with --model.scheduler (none, cosine, onecycle)"
+            )
+
+
+def trainer_error(err: BaseException) -> str:
+    """Lightning's refusal of a Trainer value as ``trainer.<key>: problem`` (the key the message names first)."""
+    import inspect
+
+    from lightning.pytorch import Trainer
+
+    text = " ".join(str(err).split())
+    names = [n for n in inspect.signature(Trainer.__init__).parameters if n != "self"]
+    found = [(m.start(), n) for n in names if (m := re.search(rf"\b{n}\b", text))]
+    key = f"trainer.{min(found)[1]}" if found else "trainer"
+    return f"{key}: {text}"
 
 
 def check_writable_dir(path: Path, key: str) -> None:
@@ -89,6 +132,17 @@ def check_checkpoint(path: Path) -> None:
         raise ConfigError(f"ckpt_path: no checkpoint at {path}")
     if not zipfile.is_zipfile(path):
         raise ConfigError(f"ckpt_path: {path} is not a PyTorch checkpoint (truncated or corrupted?)")
+
+
+def _check_trainer_values(trainer_cfg) -> None:
+    """Values Lightning's Trainer accepts but that break training or say nothing sensible."""
+    clip = trainer_cfg.get("gradient_clip_val")
+    require(clip is None or clip >= 0, f"trainer.gradient_clip_val: must be >= 0 or null, got {clip}")
+    for key in ("check_val_every_n_epoch", "log_every_n_steps", "val_check_interval"):
+        value = trainer_cfg.get(key)
+        require(value is None or value > 0, f"trainer.{key}: must be positive or null, got {value}")
+    low = trainer_cfg.get("min_epochs")
+    require(low is None or low >= 0, f"trainer.min_epochs: must be >= 0 or null, got {low}")
 
 
 def _check_strategy(trainer_cfg) -> None:
@@ -158,6 +212,7 @@ class ModelwrightCLI(LightningCLI):
             isinstance(accumulate, int) and accumulate >= 1,
             f"trainer.accumulate_grad_batches: must be an integer >= 1, got {accumulate}",
         )
+        _check_trainer_values(trainer)
         _check_strategy(trainer)
         _drop_disabled_callbacks(trainer)
         init_args = _logger_init_args(trainer)
@@ -168,6 +223,14 @@ class ModelwrightCLI(LightningCLI):
             cfg["ckpt_path"] = str(find_last_checkpoint(root))
         if cfg.get("ckpt_path"):
             check_checkpoint(Path(cfg["ckpt_path"]))
+
+    def instantiate_trainer(self, **kwargs):
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+        try:
+            return super().instantiate_trainer(**kwargs)
+        except (MisconfigurationException, ValueError, TypeError) as err:
+            raise ConfigError(trainer_error(err)) from None
 
     def after_instantiate_classes(self) -> None:
         requested = str(self.run_config["trainer"].get("precision"))
@@ -188,7 +251,11 @@ def cli_main(args: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0, or 2 for a configuration error)."""
     debug = os.environ.get("MODELWRIGHT_DEBUG") == "1"
     try:
-        check_config_files(sys.argv[1:] if args is None else args)
+        argv = sys.argv[1:] if args is None else list(args)
+        check_no_generic_optimizer(argv)
+        argv = resolve_config_args(argv)
+        if args is None:  # LightningCLI warns when given args beside a non-empty sys.argv
+            sys.argv[1:], argv = argv, None
         ModelwrightCLI(
             ImageClassifier,
             ImageDataModule,
@@ -200,7 +267,8 @@ def cli_main(args: list[str] | None = None) -> int:
                 },
             },
             save_config_kwargs={"overwrite": True},
-            args=args,
+            auto_configure_optimizers=False,  # the model builds its own: one way to choose an optimizer
+            args=argv,
         )
     except (ConfigError, argparse.ArgumentError) as err:
         if debug:
