@@ -19,7 +19,7 @@ MFU is each option's FLOPs per step (PyTorch's flop counter, :func:`modelwright.
 median step time and the machine's measured fp32 peak (:func:`modelwright.measure.resolve_peak_flops`).
 
 The results go to ``results/<hardware slug>/cpu_defaults.json`` (``--out`` to change), the option that
-``configs/base.yaml`` sets marked ``default``; ``benchmarks/readme_sections.py`` writes the README's sentence.
+``configs/base.yaml`` sets marked ``default``; ``python -m modelwright report`` writes docs/measurement.md's table.
 """
 
 from __future__ import annotations

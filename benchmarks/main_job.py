@@ -4,7 +4,7 @@ To run: ``uv run python benchmarks/main_job.py`` (runs ``main.py fit --config co
 fresh process, with the default settings; about 5 minutes on a 2-core CPU).
 
 Writes ``results/<hardware>/main_job.json`` (command, wall time of the whole process, final val/acc, hardware,
-versions, the run record's id), then the README's sections (``benchmarks/readme_sections.py``).
+versions, the run record's id), then the README's sections (``python -m modelwright report``).
 ``--readme-only`` rewrites the README from the existing JSON without running.
 """
 
@@ -20,11 +20,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import readme_sections  # noqa: E402
 
 from modelwright.record import read_record  # noqa: E402
+from modelwright.report import report  # noqa: E402
 from modelwright.study import hardware_slug  # noqa: E402
 
 CONFIG = "configs/amp.yaml"
@@ -73,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=2) + "\n")
         tmp.replace(out)
-    readme_sections.main()
-    print(readme_sections.main_job_text(result), end="")
-    return 0
+    return report(plots=False)
 
 
 if __name__ == "__main__":

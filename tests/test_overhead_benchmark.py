@@ -139,44 +139,6 @@ def test_cpu_defaults_rejects_an_unknown_group():
     assert proc.returncode != 0 and "turbo" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_readme_sections_state_the_figures_of_the_results_files():
-    sections = _load_script("readme_sections")
-    where = {"hardware": {"accelerator": "cpu", "cpu_model": "Some CPU", "cpu_cores": 2},
-             "versions": {"torch": "9.9", "lightning": "8.8", "accelerate": "7.7", "python": "3.11"}}
-    cpu = {
-        **where, "command": "uv run python benchmarks/cpu_defaults.py", "peak_flops_per_s": 2.0e11,
-        "settings": {"model": "resnet18", "batch_size": 128, "precision": "32-true", "optimizer": "adamw",
-                     "rounds": 6, "warmup": 2},
-        "groups": [{"group": "cpu_malloc", "options": [
-            {"option": "cpu_malloc=system", "default": False, "median_step_ms": 3000.0, "ratio_to_reference": 1.0,
-             "mfu": 0.7, "warmup_s": 7.0, "minor_faults_per_step": 200000},
-            {"option": "cpu_malloc=retain", "default": True, "median_step_ms": 2700.0, "ratio_to_reference": 0.9,
-             "mfu": 0.78, "warmup_s": 6.0, "minor_faults_per_step": 1000},
-        ]}],
-    }
-    text = sections.cpu_defaults_text(cpu)
-    assert "| cpu_malloc | retain **(default)** | 2700 ms | 0.90× | 78% | 6.0 s |" in text
-    assert "system 200,000, retain 1,000" in text and "Some CPU, 2 cores; torch 9.9" in text
-    loops = {
-        **where, "command": "uv run python benchmarks/overhead.py", "mode": "step",
-        "settings": {"model": "resnet18", "batch_size": 128, "precision": "32-true", "optimizer": "adamw",
-                     "measured_steps": 6, "repeats": 3},
-        "loops": {"raw": {"median_step_ms": 2400.0},
-                  "lightning": {"median_step_ms": 2420.0, "ratio_to_raw": 1.004,
-                                "repeat_ratios_to_raw": [1.01, 0.99, 1.004]}},
-    }
-    callback = {
-        **where, "command": "uv run python benchmarks/callback_overhead.py",
-        "median_step_ms": {"on": 2410, "off": 2400},
-        "ratio_on_off": 1.004, "pair_ratios": [1.004], "settings": {"repeats": 1, "steps": 12, "warmup": 3},
-        "hooks_ms_per_step": {"median": 0.25, "max": 0.9, "steps": 40}, "hooks_fraction_of_step": 0.25 / 2400,
-    }
-    text = sections.overhead_text(callback, loops)
-    assert "**0.25 ms per step**" in text and "**0.010%**" in text and "**+0.4%**" in text
-    assert "lightning 2420 ms, **1.004× raw** (repeats: 1.010, 0.990, 1.004)" in text
-
-
-@pytest.mark.slow
 def test_callback_overhead_smoke(tmp_path):
     """The benchmark builds the CLI with run=False: the base config's checks and flags must hold there too."""
     out = tmp_path / "callback_overhead.json"

@@ -1,7 +1,8 @@
-"""The report: table.md from a fixed records file, the row selection rules, plots and the README section."""
+"""The report: rows from records against hand-computed figures, the noise verdict, provenance, the marker writer."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -9,84 +10,197 @@ from pathlib import Path
 import pytest
 
 from modelwright import report
+from modelwright.__main__ import main as cli
 from modelwright.errors import ConfigError
 from modelwright.record import read_records
+from modelwright.report import readme, tables
 
 DATA = Path(__file__).resolve().parent / "data"
 FIXTURE = DATA / "records_fixture.jsonl"
-SLUG = "cpu-example-2cores"
 
 
-@pytest.fixture
-def records() -> list[dict]:
-    return read_records(FIXTURE)
+def rec(name: str, step_ms: float, peak: float, repeat: int = 0, index: int = 0, commit: str | None = "c0ffee",
+        definitions: int = 2, precision: str = "32-true", compile_: bool = False, loss=(2.4, 2.3, 2.2, 2.1)) -> dict:
+    """A minimal study record: every figure the tests check is set here by hand."""
+    r = {
+        "status": "ok", "run_id": f"{name}-r{repeat}",
+        "techniques": {"model_name": "resnet18", "precision": precision, "micro_batch_size": 128,
+                       "accumulate_grad_batches": 1, "effective_batch_size": 128, "compile": compile_,
+                       "world_size": 1, "optimizer_impl": "torch.optim.AdamW[for-loop]"},
+        "hardware": {"accelerator": "cpu", "device_name": "Example CPU", "cpu_model": "Example CPU", "cpu_cores": 2},
+        "versions": {"torch": "2.15.0", "lightning": "2.6.6", "python": "3.11.7"},
+        "timing": {"step_time_median_ms": step_ms, "samples_per_s": 128e3 / step_ms},
+        "flops": {"mfu": 0.5, "peak_flops_per_s": 2e11, "achieved_flops_per_s": 1e11},
+        "memory": {"peak_allocated_mib": peak, "anatomy_mib": {"parameters": 40.0, "gradients": 40.0,
+                   "optimizer_state": 80.0, "activations": peak - 160.0, "temporaries": 0.0, "total": peak}},
+        "history": {"train/loss": [[i + 1, v] for i, v in enumerate(loss)]},
+        "study": {"name": name, "kind": "run", "index": index, "repeat": repeat, "config_hash": name,
+                  "process_wall_s": 10.0, "warmup_steps": 1, "measured_steps": 10, "plan": "plan.yaml"},
+    }
+    if commit:
+        r["provenance"] = {"commit": commit, "dirty": False, "command": "uv run python -m modelwright study",
+                           "definitions": definitions}
+    return r
 
 
-def test_table_md_matches_the_expected_text(records):
-    expected = (DATA / "table_expected.md").read_text(encoding="utf-8")
-    assert report.render_table_md(records, SLUG) == expected
+def small_study() -> list[dict]:
+    """Baseline repeats 2000/2100/2200 ms: median 2100, spread 200/2100 = 9.5%."""
+    return [rec("baseline", 2000, 700, 0), rec("baseline", 2100, 700, 1), rec("baseline", 2200, 700, 2),
+            rec("fused", 2150, 690, 0, index=1), rec("fused", 2150, 690, 1, index=1),
+            rec("amp", 1400, 350, 0, index=2, precision="bf16-mixed"),
+            rec("amp", 1600, 350, 1, index=2, precision="bf16-mixed"),
+            rec("checkpointing-block", 2600, 500, 0, index=3), rec("checkpointing-block", 2500, 500, 1, index=3),
+            rec("compile", 2100, 700, 0, index=4, compile_=True),
+            rec("short", 2100, 700, 0, index=5, loss=(2.4, 2.3, 2.2))]
 
 
-def test_rows_take_the_latest_config_and_the_median_of_repeats(records):
-    rows = {r.name: r for r in report.build_rows(records)}
+def write(folder: Path, records: list[dict]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return folder
+
+
+def cells(text: str, run: str) -> list[str]:
+    line = next(x for x in text.splitlines() if x.startswith(f"| {run} "))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_main_table_rows_match_hand_computed_figures():
+    rows = tables.build_rows(small_study())
+    text = tables.main_table(rows)
+    base = cells(text, "baseline")
+    assert base[2:8] == ["700", "1.0×", "2,100", "2,000–2,200 (3)", "1.0×", "no measurable change"]
+    assert cells(text, "fused")[6:8] == ["1.0×", "no measurable change"]  # 2150/2100 = 1.024 < 9.5%
+    fast = cells(text, "amp")
+    assert fast[2:8] == ["350", "0.50×", "1,500", "1,400–1,600 (2)", "0.71×", "faster"]  # 1500/2100
+    assert cells(text, "checkpointing-block")[6:8] == ["1.2×", "slower"]  # 2550/2100 = 1.21
+    assert cells(text, "compile")[2] == "not measured"  # the tracker saw eager code
+    assert base[9] == "50%" and "| MFU |" in text  # definitions 2: the hardware peak
+    assert base[10] == "2.20"  # mean loss of steps 2..4: (2.3 + 2.2 + 2.1) / 3
+    assert cells(text, "short")[10] == "–"  # 3 steps × 128 samples ≠ the baseline's 4 × 128
+
+
+def test_verdict_needs_the_baselines_repeat_spread():
+    assert tables.verdict(1.07, 0.10) == "no measurable change"  # was "slower" when 3 steps of one run decided
+    assert tables.verdict(0.85, 0.10) == "faster" and tables.verdict(1.15, 0.10) == "slower"
+    assert tables.verdict(0.56, None) == "no verdict (1 repeat)"
+
+
+def test_old_records_show_the_kernel_ratio_not_mfu():
+    records = [rec("baseline", 2000, 700, commit=None), rec("amp", 1000, 400, index=1, commit=None)]
+    text = tables.main_table(tables.build_rows(records))
+    assert "% of best measured kernel (not MFU)" in text and "| MFU |" not in text
+    assert cells(text, "amp")[7] == "no verdict (1 repeat)"
+
+
+def test_mixed_commits_are_refused_in_one_line_unless_allowed(tmp_path):
+    records = small_study()
+    records[3]["provenance"]["commit"] = "deadbeef"
+    records[4] = {k: v for k, v in records[4].items() if k != "provenance"}  # an old record: its own group
+    folder = write(tmp_path / "results" / "cpu-x", records)
+    with pytest.raises(ConfigError) as err:
+        report.generate(folder, plots=False)
+    message = str(err.value)
+    assert "\n" not in message and "records.jsonl" in message and "3 commits/definitions" in message
+    report.generate(folder, plots=False, allow_mixed=True)
+    table = (folder / "table.md").read_text()
+    assert "| fused [b,c] |" in table and "| baseline [a] |" in table and "- [c] no provenance" in table
+
+
+def test_cli_exit_status_and_one_line_error(tmp_path, capsys):
+    records = small_study()
+    records[0]["provenance"]["definitions"] = 1
+    write(tmp_path / "results" / "cpu-x", records)
+    doc = tmp_path / "README.md"
+    doc.write_text("x\n<!-- findings:start -->\n<!-- findings:end -->\n", encoding="utf-8")
+    args = ["report", "--results", str(tmp_path / "results"), "--readme", str(doc), "--plots", "false"]
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "definitions 1" in err
+    assert cli([*args, "--allow_mixed", "true"]) == 0
+    assert "| amp | cpu-x | 0.50× | 0.71× | ±9.5% | faster |" in doc.read_text()
+
+
+def test_header_states_commands_and_total_wall_time(tmp_path):  # 11 runs × 10 s
+    folder = write(tmp_path / "cpu-x", small_study())
+    report.generate(folder, plots=False)
+    table = (folder / "table.md").read_text()
+    assert "`uv run python -m modelwright study`" in table and "total wall time of the runs: 110 s" in table
+
+
+def test_marker_writer_is_idempotent_and_leaves_the_rest(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("Intro.\n<!-- a:start -->\nold\n<!-- a:end -->\nIt took <!-- b:start -->?<!-- b:end --> s.\n"
+                   "<!-- other:start -->keep<!-- other:end -->\n", encoding="utf-8")
+    render = {"a": "| t |\n", "b": "3.5"}.get
+    assert readme.write_sections(doc, render)
+    text = doc.read_text()
+    assert text == ("Intro.\n<!-- a:start -->\n| t |\n<!-- a:end -->\nIt took <!-- b:start -->3.5<!-- b:end --> s.\n"
+                    "<!-- other:start -->keep<!-- other:end -->\n")
+    assert not readme.write_sections(doc, render) and doc.read_text() == text
+
+
+def test_marker_writer_refuses_a_file_without_markers(tmp_path):
+    doc = tmp_path / "plain.md"
+    doc.write_text("no markers here\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"plain\.md: no <!-- name:start -->") as err:
+        readme.write_sections(doc, lambda name: "x")
+    assert "\n" not in str(err.value)
+
+
+def test_inline_values_fill_a_hand_written_sentence(tmp_path):
+    write(tmp_path / "results" / "cpu-x", small_study())
+    doc = tmp_path / "doc.md"
+    doc.write_text("bf16 took <!-- v:cpu-x:amp:time:start --><!-- v:cpu-x:amp:time:end --> of the step "
+                   "(<!-- v:cpu-x:amp:band:start --><!-- v:cpu-x:amp:band:end -->) at "
+                   "<!-- v:cpu-x:amp:peak:start --><!-- v:cpu-x:amp:peak:end -->.\n", encoding="utf-8")
+    readme.update([doc], tmp_path / "results")
+    assert "-->0.71×<!--" in doc.read_text() and "-->350 MiB<!--" in doc.read_text()
+    assert "-->±13%<!--" in doc.read_text()  # the run's own repeats: 200 / 1500
+
+
+def test_fixture_rows_take_the_latest_config_and_the_median_of_repeats():
+    records = read_records(FIXTURE)
+    rows = {r.name: r for r in tables.build_rows(records)}
     assert list(rows) == ["baseline", "amp", "checkpointing-block", "all"]  # plan order, stray record ignored
     amp = rows["amp"]
-    assert amp.values["repeats"] == 2  # the superseded config's record is not among them
-    assert amp.values["step_time_median_ms"] == pytest.approx(2950.0)  # median of 2900 and 3000
-    assert amp.values["step_time_min_ms"] == 2800.0 and amp.values["step_time_max_ms"] == 3200.0
-    assert amp.reference == "baseline" and rows["all"].reference == "baseline"
-    assert not rows["checkpointing-block"].ok and rows["checkpointing-block"].status == "failed"
-    assert rows["baseline"].values["epoch_s"] == pytest.approx(50_000 / 41.29)
-
-
-def test_budget_rows_settle_on_the_last_attempt(records):
-    rows = report.build_rows(records)
-    budget = {b.name: b for b in report.build_budget_rows(records, rows)}
+    assert amp.v["repeats"] == 2 and amp.v["step_ms"] == pytest.approx(2950.0)  # 2900 and 3000, not 9999
+    assert amp.v["step_lo"] == 2900.0 and amp.v["step_hi"] == 3000.0
+    assert amp.reference is rows["baseline"] and rows["all"].reference is rows["baseline"]
+    assert rows["checkpointing-block"].status == "failed"
+    budget = {b.name: b for b in tables.build_budget_rows(records, list(rows.values()))}
     assert budget["all"].attempts == 2 and budget["all"].probe and not budget["baseline"].probe
-    assert budget["all"].predicted_batch == 470 and budget["all"].fits
-    assert budget["all"].effective_batch == 470 * 4
+    assert budget["all"].batch == 470 and budget["all"].fits
     assert budget["all"].vs_reference == pytest.approx(470 / 76)
-    assert budget["baseline"].measured_peak_mib <= budget["baseline"].budget_mib
 
 
 def test_generate_writes_table_summary_plots_and_readme(tmp_path):
-    out = tmp_path / "results" / SLUG
+    out = tmp_path / "results" / "cpu-example-2cores"
     out.mkdir(parents=True)
     shutil.copy(FIXTURE, out / "records.jsonl")
-    readme = tmp_path / "README.md"
-    readme.write_text("# Title\n\nSome text.\n", encoding="utf-8")
-    written = report.generate(out, readme=readme)
-    names = {p.name for p in written}
+    doc = tmp_path / "README.md"
+    doc.write_text("# Title\n\n<!-- results:start -->\nSTALE\n<!-- results:end -->\n\nAfter.\n", encoding="utf-8")
+    names = {p.name for p in report.generate(out, readme=doc)}
     assert names >= {"table.md", "summary.json", "README.md", *report.PLOTS}
     for name in report.PLOTS:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((out / "summary.json").read_text())
     amp = next(r for r in summary["runs"] if r["name"] == "amp")
-    assert amp["memory_vs_reference"] == pytest.approx(446.44 / 706.54, rel=1e-3)
+    assert amp["memory_vs_reference"] == pytest.approx((446.29 + 446.49) / 2 / 706.54, rel=1e-3)
     assert summary["process_time_s"] == pytest.approx(40 + 40 + 42 + 12.5 + 55 + 25 + 20 + 90 + 85)
-
-    text = readme.read_text()
-    assert text.startswith("# Title\n\nSome text.\n\n## Results\n\n<!-- results:start -->\n")
-    assert f"![{report.PLOTS['step_time.png']}](results/{SLUG}/step_time.png)" in text
-    assert "| amp | bf16-mixed, 128, AdamW for-loop | 446.4 | 0.63× |" in text
-    assert "2-core CPU" in text and "torch 2.15.0" in text
-
-    # Regenerating replaces the section in place and leaves the rest alone.
-    readme.write_text(text.replace("Some text.", "Edited text.") + "\nAfter.\n")
-    report.generate(out, readme=readme, plots=False)
-    again = readme.read_text()
-    assert again.count(report.START_MARKER) == 1 and again.endswith("<!-- results:end -->\n\nAfter.\n")
-    assert "Edited text." in again
+    text = doc.read_text()
+    assert "STALE" not in text and text.endswith("<!-- results:end -->\n\nAfter.\n")
+    assert "### CPU results: Example CPU 9000" in text
+    assert "![Peak tensor memory per run, by what holds it](results/cpu-example-2cores/memory_anatomy.png)" in text
+    assert "| checkpointing-block | failed |" in (out / "table.md").read_text()
 
 
-def test_update_readme_refuses_a_lone_marker(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- results:start -->\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match="only one of the results markers"):
-        report.update_readme(readme, "x\n")
-
-
-def test_report_cli_names_a_missing_records_file(tmp_path, capsys):
-    assert report.main([str(tmp_path / "nowhere"), "--no-readme"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error:") and "no records.jsonl" in err and err.count("\n") == 1
+def test_attention_table_tolerates_absence_and_reads_the_benchmark():
+    assert tables.attention_table(None) is None and tables.attention_table({"results": []}) is None
+    result = {"results": [
+        {"impl": "naive", "seq": 256, "status": "ok", "peak_mib": 40.0, "median_ms": 12.0},
+        {"impl": "sdpa", "seq": 256, "status": "ok", "peak_mib": 10.0, "median_ms": 9.0},
+        {"impl": "naive", "seq": 4096, "status": "oom"},
+        {"impl": "sdpa", "seq": 4096, "status": "ok", "peak_mib": 150.0, "median_ms": 400.0}]}
+    text = tables.attention_table(copy.deepcopy(result))
+    assert "| 256 | 40.0 | 10.0 | 12.0 | 9.00 |" in text and "| 4096 | oom | 150 | oom | 400 |" in text

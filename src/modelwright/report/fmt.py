@@ -28,6 +28,8 @@ def sig(value: Any, digits: int = 3, suffix: str = "") -> str:
     if v == 0:
         return f"0{suffix}"
     decimals = digits - 1 - math.floor(math.log10(abs(v)))
+    if abs(round(v, decimals)) >= 10 ** (digits - decimals):  # 0.9996 rounds up to 1.00: one decimal fewer
+        decimals -= 1
     return f"{round(v, decimals):,.{max(0, decimals)}f}{suffix}"
 
 

@@ -1,0 +1,107 @@
+"""The study's PNG plots (matplotlib, Agg backend), from the rows of :mod:`modelwright.report.tables`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from modelwright.record import get_path
+from modelwright.report.fmt import finite, ratio
+from modelwright.report.tables import BudgetRow, Row
+
+PLOTS = {
+    "memory_anatomy.png": "Peak tensor memory per run, by what holds it",
+    "step_time.png": "Step time per run (median of repeats; bars span the repeats' medians)",
+    "memory_vs_time.png": "Peak memory against step time: the trade-off at a glance",
+    "loss_curves.png": "Training loss of the same runs",
+    "largest_batch.png": "Largest micro-batch under the memory budget",
+}
+COLORS = ("#4c72b0", "#55a868", "#8172b2", "#c44e52", "#dd8452", "#937860", "#da8bc3", "#8c8c8c")
+
+
+def plot_all(rows: Sequence[Row], budget: Sequence[BudgetRow], out_dir: Path, title: str) -> list[Path]:
+    """Write the plots of :data:`PLOTS` that have data into ``out_dir``; returns their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if r.ok]
+    if not rows:
+        return []
+    written: list[Path] = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=110, metadata={"Software": None})
+        plt.close(fig)
+        written.append(out_dir / name)
+
+    x, names = range(len(rows)), [r.name for r in rows]
+    width = max(6.0, 0.8 * len(rows) + 2)
+    fig, ax = plt.subplots(figsize=(width, 4.5))
+    keys = list(dict.fromkeys(k for r in rows for k in r.v["anatomy"]))
+    bottom = [0.0] * len(rows)
+    for key, color in zip(keys, COLORS, strict=False):
+        vals = [r.v["anatomy"].get(key) or 0.0 for r in rows]
+        ax.bar(x, vals, bottom=bottom, label=key.replace("_", " "), color=color)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_xticks(list(x), names, rotation=30, ha="right")
+    ax.set_ylabel("MiB at the step's peak")
+    ax.set_title(f"Memory anatomy per run ({title})")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    save(fig, "memory_anatomy.png")
+
+    fig, ax = plt.subplots(figsize=(width, 4.0))
+    med = [r.v["step_ms"] or 0.0 for r in rows]
+    lo = [m - (r.v["step_lo"] or m) for m, r in zip(med, rows, strict=True)]
+    hi = [(r.v["step_hi"] or m) - m for m, r in zip(med, rows, strict=True)]
+    ax.bar(x, med, yerr=[lo, hi], capsize=4, color=COLORS[0])
+    for i, r in enumerate(rows):
+        ax.text(i, med[i] + hi[i], ratio(r.vs("step_ms")), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), names, rotation=30, ha="right")
+    ax.set_ylabel("ms per optimizer step")
+    ax.set_title(f"Step time per run, median and spread of repeats ({title})")
+    save(fig, "step_time.png")
+
+    fig, ax = plt.subplots(figsize=(6.5, 5.0))
+    points = [(r, r.v["step_ms"], r.v["peak_mib"]) for r in rows if r.v["step_ms"] and r.v["peak_mib"]]
+    for r, t, m in points:
+        ref = r is r.reference
+        ax.scatter([t], [m], s=60 if ref else 40, marker="*" if ref else "o", color=COLORS[3 if ref else 0])
+        ax.annotate(r.name, (t, m), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        if ref:  # a point left of and below both lines wins on both counts
+            ax.axvline(t, color=COLORS[3], linestyle=":", linewidth=1)
+            ax.axhline(m, color=COLORS[3], linestyle=":", linewidth=1)
+    ax.set_xlim(0, max((p[1] for p in points), default=1.0) * 1.18)  # from zero: distances read as ratios
+    ax.set_ylim(0, max((p[2] for p in points), default=1.0) * 1.12)
+    ax.set(xlabel="step time, ms (median)", ylabel="peak memory, MiB",
+           title=f"Memory vs time, lower left is better ({title})")
+    ax.grid(alpha=0.3)
+    save(fig, "memory_vs_time.png")
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for r in rows:
+        pts = [p for p in get_path(r.records[0], "history.train/loss") or [] if finite(p[1]) is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=r.name)
+    ax.set(xlabel="optimizer step", ylabel="train/loss", title=f"Training loss ({title})")
+    ax.legend(fontsize=7, ncols=2)
+    ax.grid(alpha=0.3)
+    save(fig, "loss_curves.png")
+
+    confirmed = [b for b in budget if b.batch]
+    if confirmed:
+        fig, ax = plt.subplots(figsize=(6.5, 0.5 * len(confirmed) + 1.8))
+        y = list(range(len(confirmed)))
+        ax.barh(y, [b.batch for b in confirmed], color=[COLORS[1] if b.fits else COLORS[3] for b in confirmed])
+        for i, b in enumerate(confirmed):
+            peak = f"{b.measured_mib:.0f} MiB" if b.measured_mib is not None else b.status
+            ax.text(b.batch, i, f" {b.batch} ({peak})", va="center", fontsize=8)
+        ax.set_yticks(y, [b.name for b in confirmed])
+        ax.invert_yaxis()
+        ax.set(xlabel="largest micro-batch (green: confirmed under the budget)",
+               title=f"Largest batch under {confirmed[0].budget_mib / 1024:g} GiB ({title})")
+        ax.margins(x=0.25)
+        save(fig, "largest_batch.png")
+    return written

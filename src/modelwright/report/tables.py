@@ -1,0 +1,367 @@
+"""Rows from study records, and the markdown tables built from them.
+
+Which records count: only records a study wrote (they carry a ``study`` section); per plan entry, those of its
+latest resolved config (``study.config_hash``), so a changed plan replaces a row instead of mixing old and new
+measurements; the ``ok`` ones make the row (medians over repeats), an entry with none shows its last failure.
+Ratios are to the model's run named ``baseline`` (or ``*-baseline``), else its first run. A step-time ratio is
+called faster or slower only when it leaves the reference's own repeat-to-repeat spread.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from modelwright.errors import ConfigError
+from modelwright.record import get_path
+from modelwright.report.fmt import DASH, finite, pct, ratio, sig, table
+
+ANATOMY = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+#: Provenance definitions from which MFU divides by the hardware peak (before: the best measured kernel).
+HARDWARE_PEAK_DEFINITIONS = 2
+#: Training-loss points averaged for the quality column (compared only at equal samples seen).
+LOSS_STEPS = 3
+NO_BAND = "none with 1 repeat"
+
+
+def median(values: Sequence[Any]) -> float | None:
+    nums = [v for v in map(finite, values) if v is not None]
+    return statistics.median(nums) if nums else None
+
+
+def study_records(records: Sequence[dict]) -> list[dict]:
+    return [r for r in records if isinstance(r.get("study"), Mapping) and isinstance(r["study"].get("name"), str)]
+
+
+def provenance_group(record: Mapping) -> str:
+    """Records of one commit and one definitions version share a group; records without provenance form one."""
+    p = record.get("provenance") or {}
+    if not p.get("commit") and p.get("definitions") is None:
+        return "no provenance (made before records carried a commit)"
+    return f"commit {str(p.get('commit') or '?')[:10]}, definitions {p.get('definitions')}"
+
+
+def check_provenance(records: Sequence[dict], where: str, allow_mixed: bool = False) -> dict[str, str]:
+    """Marks (``a``, ``b``, ...) per group when the records span several, else ``{}``; refuses that unless allowed."""
+    groups = list(dict.fromkeys(provenance_group(r) for r in records))
+    if len(groups) > 1 and not allow_mixed:
+        raise ConfigError(f"{where}: records of {len(groups)} commits/definitions ({'; '.join(groups)}); "
+                          "rerun them, or pass --allow_mixed true to mark them")
+    return {g: chr(ord("a") + i) for i, g in enumerate(groups)} if len(groups) > 1 else {}
+
+
+def peak_mib(record: Mapping) -> float | None:
+    """The measured peak (CUDA allocator, else the anatomy total); None where the tracker saw eager code only."""
+    if get_path(record, "techniques.compile") and get_path(record, "hardware.accelerator") == "cpu":
+        return None  # MemTracker is a TorchDispatchMode: under it Dynamo falls back to eager
+    peak = finite(get_path(record, "memory.peak_allocated_mib"))
+    return peak if peak is not None else finite(get_path(record, "memory.anatomy_mib.total"))
+
+
+def last_loss(record: Mapping) -> tuple[float | None, int | None]:
+    """Mean training loss of the last :data:`LOSS_STEPS` logged steps, and the samples seen by the last one."""
+    points = [p for p in (get_path(record, "history.train/loss") or []) if len(p) == 2 and finite(p[1]) is not None]
+    if len(points) < LOSS_STEPS:
+        return None, None
+    batch = get_path(record, "techniques.effective_batch_size")
+    samples = points[-1][0] * batch if isinstance(batch, int) else None
+    return statistics.fmean(p[1] for p in points[-LOSS_STEPS:]), samples
+
+
+@dataclass
+class Row:
+    """One plan entry: the medians over its ``ok`` repeats, or its last failure."""
+
+    name: str
+    index: int
+    records: list[dict]
+    status: str
+    error: str | None = None
+    reference: Row | None = None
+    v: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def model(self) -> Any:
+        return get_path(self.records[0], "techniques.model_name")
+
+    def vs(self, key: str) -> float | None:
+        ref = self.reference.v.get(key) if self.reference else None
+        mine = self.v.get(key)
+        return mine / ref if mine is not None and ref else None
+
+    @property
+    def band(self) -> float | None:
+        """Relative spread (max − min) / median of the repeats' median steps; None with fewer than 2 repeats."""
+        lo, hi, mid = self.v.get("step_lo"), self.v.get("step_hi"), self.v.get("step_ms")
+        return (hi - lo) / mid if self.v.get("repeats", 0) >= 2 and mid else None
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.vs("step_ms"), self.reference.band if self.reference else None)
+
+
+def verdict(time_ratio: float | None, band: float | None) -> str:
+    """``faster``/``slower`` only outside the reference's repeat spread, else ``no measurable change``."""
+    if time_ratio is None:
+        return DASH
+    if band is None:
+        return "no verdict (1 repeat)"
+    if abs(time_ratio - 1) <= band:
+        return "no measurable change"
+    return "faster" if time_ratio < 1 else "slower"
+
+
+def _values(ok: list[dict]) -> dict[str, Any]:
+    def med(path: str) -> float | None:
+        return median([get_path(r, path) for r in ok])
+
+    steps = [s for s in (finite(get_path(r, "timing.step_time_median_ms")) for r in ok) if s is not None]
+    losses = [last_loss(r) for r in ok]
+    # Categories a newer instrument adds (communication buffers, say) get columns of their own.
+    keys = list(dict.fromkeys([*ANATOMY, *(k for r in ok for k in get_path(r, "memory.anatomy_mib") or {})]))
+    anatomy = {k: med(f"memory.anatomy_mib.{k}") for k in keys if k not in ("buffers", "total")}
+    anatomy["other"] = (anatomy["other"] or 0.0) + (med("memory.anatomy_mib.buffers") or 0.0)
+    return {"peak_mib": median([peak_mib(r) for r in ok]), "anatomy": anatomy,
+            "end_activations": max(finite(get_path(r, "memory.anatomy_end_mib.activations")) or 0 for r in ok),
+            "step_ms": median(steps), "step_lo": min(steps, default=None), "step_hi": max(steps, default=None),
+            "repeats": len(steps), "samples_per_s": med("timing.samples_per_s"), "mfu": med("flops.mfu"),
+            "loss": median([x[0] for x in losses]), "loss_samples": losses[0][1],
+            "hardware_peak": all((get_path(r, "provenance.definitions") or 0) >= HARDWARE_PEAK_DEFINITIONS for r in ok)}
+
+
+def _is_reference(name: str) -> bool:
+    return name == "baseline" or name.endswith(("-baseline", "_baseline"))
+
+
+def build_rows(records: Sequence[dict], kind: str = "run") -> list[Row]:
+    """The table's rows in plan order, each with its reference row set."""
+    mine = [r for r in study_records(records) if r["study"].get("kind", "run") == kind]
+    latest = {r["study"]["name"]: r["study"].get("config_hash") for r in mine}
+    groups: dict[str, list[dict]] = {}
+    for r in mine:
+        if r["study"].get("config_hash") == latest[r["study"]["name"]]:
+            groups.setdefault(r["study"]["name"], []).append(r)
+    rows = []
+    for name, group in groups.items():
+        ok = [r for r in group if r.get("status") == "ok"]
+        index = int(group[-1]["study"].get("index", 0))
+        last = group[-1]
+        rows.append(Row(name, index, ok, "ok", v=_values(ok)) if ok
+                    else Row(name, index, [last], str(last.get("status")), error=last.get("error")))
+    rows.sort(key=lambda r: (r.index, r.name))
+    refs: dict[Any, Row] = {}
+    for row in sorted((r for r in rows if r.ok), key=lambda r: not _is_reference(r.name)):
+        refs.setdefault(row.model, row)
+    for row in rows:
+        row.reference = refs.get(row.model)
+    return rows
+
+
+def setup_text(record: Mapping) -> str:
+    """The run's techniques in a few words: ``bf16-mixed, 32×4, ckpt block, AdamW foreach``."""
+    t = record.get("techniques") or {}
+    micro, acc = t.get("micro_batch_size"), t.get("accumulate_grad_batches") or 1
+    parts = [str(t.get("precision") or "?"), f"{micro}×{acc}" if acc != 1 else str(micro)]
+    if (t.get("world_size") or 1) != 1:
+        parts.append(f"{t.get('strategy')} ×{t['world_size']}")
+    if t.get("gradient_checkpointing") not in (None, "off"):
+        parts.append(f"ckpt {t['gradient_checkpointing']}")
+    parts += [k for k in ("channels_last", "compile") if t.get(k)]
+    if get_path(record, "config.cpu_malloc") == "system":
+        parts.append("system malloc")
+    impl = t.get("optimizer_impl")
+    if isinstance(impl, str) and "[" in impl:
+        parts.append(f"{impl.rsplit('.', 1)[-1].split('[')[0]} {impl.split('[', 1)[1].rstrip(']')}")
+    return ", ".join(parts)
+
+
+def _mark(row: Row, marks: Mapping[str, str]) -> str:
+    letters = sorted({marks[provenance_group(r)] for r in row.records if provenance_group(r) in marks})
+    return row.name + (f" [{','.join(letters)}]" if letters else "")
+
+
+def spread_text(row: Row) -> str:
+    return f"{sig(row.v['step_lo'], 3)}–{sig(row.v['step_hi'], 3)} ({row.v['repeats']})" if row.band is not None \
+        else f"{DASH} (1 repeat)"
+
+
+def main_table(rows: Sequence[Row], marks: Mapping[str, str] | None = None) -> str:
+    ok = [r for r in rows if r.ok]
+    mfu = "MFU" if all(r.v["hardware_peak"] for r in ok) else "% of best measured kernel (not MFU)"
+    body = []
+    for r in ok:
+        ref_samples = r.reference.v["loss_samples"] if r.reference else None
+        loss = r.v["loss"] if r.v["loss_samples"] is not None and r.v["loss_samples"] == ref_samples else None
+        peak = "not measured" if r.v["peak_mib"] is None and r.v["anatomy"]["parameters"] else sig(r.v["peak_mib"])
+        body.append([_mark(r, marks or {}), setup_text(r.records[0]), peak, ratio(r.vs("peak_mib")),
+                     sig(r.v["step_ms"]), spread_text(r), ratio(r.vs("step_ms")), r.verdict,
+                     sig(r.v["samples_per_s"]), pct(r.v["mfu"]), sig(loss)])
+    header = ["run", "setup", "peak MiB", "memory vs base", "step ms (median of repeats)",
+              "repeat medians min–max (n)", "time vs base", "verdict", "samples/s", mfu,
+              f"train loss, last {LOSS_STEPS} steps"]
+    return table(header, body, "llrrrrrlrrr")
+
+
+def anatomy_table(rows: Sequence[Row]) -> str:
+    ok = [r for r in rows if r.ok]
+    keys = list(dict.fromkeys(k for r in ok for k in r.v["anatomy"]))
+    body = [[r.name, *(sig(r.v["anatomy"].get(k)) for k in keys), sig(r.v["peak_mib"]),
+             sig(r.v["end_activations"]) + (" (artifact)" if r.v["end_activations"] > 1 else "")] for r in ok]
+    return table(["run", *(k.replace("_", " ") for k in keys), "peak", "activations left after the step"], body)
+
+
+def failed_table(rows: Sequence[Row]) -> str:
+    return table(["run", "status", "error"], [[r.name, r.status, r.error or ""] for r in rows if not r.ok], "lll")
+
+
+@dataclass
+class BudgetRow:
+    name: str
+    budget_mib: float
+    from_batch: Any
+    probe: bool
+    per_sample_mib: float | None
+    fixed_mib: float | None
+    batch: int | None
+    predicted_mib: float | None
+    measured_mib: float | None
+    status: str
+    attempts: int
+    wall_s: float
+    records: list[dict]
+    vs_reference: float | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.measured_mib is not None and self.measured_mib <= self.budget_mib
+
+
+def build_budget_rows(records: Sequence[dict], rows: Sequence[Row]) -> list[BudgetRow]:
+    """Per budget run, its latest series of attempts (a probe, attempt 0, then attempts from 1) and where it ended."""
+    attempts: dict[str, list[dict]] = {}
+    for r in study_records(records):
+        if r["study"].get("kind") == "budget":
+            attempts.setdefault(r["study"]["name"], []).append(r)
+    out = []
+    for name, recs in attempts.items():
+        firsts = [i for i, r in enumerate(recs) if r["study"].get("attempt", 1) == 1]
+        if not firsts:
+            continue
+        probe = firsts[-1] > 0 and recs[firsts[-1] - 1]["study"].get("attempt") == 0
+        series = recs[firsts[-1] - probe:]
+        s, last = series[-1]["study"], series[-1]
+        out.append(BudgetRow(
+            name, float(s.get("budget_mib") or 0), s.get("from_batch"), probe, finite(s.get("per_sample_mib")),
+            finite(s.get("fixed_mib")), s.get("predicted_batch"), finite(s.get("predicted_peak_mib")),
+            peak_mib(last) if last.get("status") == "ok" else None, str(last.get("status")),
+            len(series) - probe, sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in series), series))
+    index = {r.name: (r.index, r.reference.name if r.reference else None) for r in rows}
+    out.sort(key=lambda b: index.get(b.name, (1 << 30, None))[0])
+    fitted = {b.name: b.batch for b in out if b.fits}
+    for b in out:
+        ref = fitted.get(index.get(b.name, (0, None))[1] or "")
+        b.vs_reference = b.batch / ref if b.fits and ref else None
+    return out
+
+
+def budget_table(budget: Sequence[BudgetRow]) -> str:
+    body = [[b.name, f"{b.from_batch}" + (" (probe)" if b.probe else ""), sig(b.per_sample_mib), sig(b.fixed_mib),
+             b.batch if b.batch is not None else DASH, sig(b.predicted_mib), sig(b.measured_mib),
+             "yes" if b.fits else ("no" if b.measured_mib is not None else b.status), b.attempts,
+             ratio(b.vs_reference)] for b in budget]
+    header = ["run", "measured at batch", "MiB per sample", "fixed MiB", "largest batch", "predicted peak MiB",
+              "confirmed peak MiB", "under budget", "confirming runs", "batch vs base"]
+    return table(header, body, "lrrrrrrcrr")
+
+
+def findings_table(studies: Mapping[str, Sequence[Row]], names: Sequence[str]) -> str:
+    """One line per (technique, machine): memory and time against the machine's baseline, with the noise band."""
+    body = []
+    for name in names:
+        for slug, rows in studies.items():
+            r = next((x for x in rows if x.name == name and x.ok), None)
+            if r is None or r.reference is None or r is r.reference:
+                continue
+            band = DASH if r.reference.band is None else f"±{pct(r.reference.band)}"
+            body.append([name, slug, ratio(r.vs("peak_mib")), ratio(r.vs("step_ms")), band, r.verdict])
+    return table(["run", "machine", "peak memory vs baseline", "step time vs baseline",
+                  "baseline repeat spread", "verdict"], body, "llrrrl")
+
+
+def kernel_table(studies: Mapping[str, Sequence[Row]], low: str = "amp") -> str:
+    """Per machine, the fp32 and bf16 rates its records hold: the peak each MFU divides by, and what training ran at."""
+    body = []
+    for slug, rows in studies.items():
+        base = next((r for r in rows if r.ok and r.reference is r), None)
+        amp = next((r for r in rows if r.ok and r.name == low), None)
+        if not base or not amp:
+            continue
+        rate = [median([get_path(x, k) for x in row.records]) for row in (base, amp)
+                for k in ("flops.peak_flops_per_s", "flops.achieved_flops_per_s")]
+        body.append([slug, sig(rate[0] / 1e9), sig(rate[2] / 1e9), ratio(rate[2] / rate[0]),
+                     sig(rate[1] / 1e9), sig(rate[3] / 1e9), ratio(rate[3] / rate[1])])
+    return table(["machine", "fp32 peak GFLOP/s", "bf16 peak GFLOP/s", "bf16 ÷ fp32 peak",
+                  "fp32 training GFLOP/s", "bf16 training GFLOP/s", "bf16 ÷ fp32 training"], body, "lrrrrrr")
+
+
+def attention_table(result: Mapping | None) -> str | None:
+    """Per sequence length, each implementation's peak MiB and median step ms (``benchmarks/attention.py``'s
+    ``results`` of ``{"impl", "seq", "status", "peak_mib", "median_ms"}``); None when there is no result."""
+    results = [r for r in (result or {}).get("results") or [] if isinstance(r, Mapping)]
+    if not results:
+        return None
+    impls = list(dict.fromkeys(r.get("impl") for r in results))
+    cells = {(r.get("impl"), r.get("seq")): r for r in results}
+
+    def cell(impl: str, seq: Any, key: str) -> str:
+        r = cells.get((impl, seq))
+        if r is None:
+            return DASH
+        return sig(r.get(key)) if r.get("status") == "ok" else str(r.get("status"))
+
+    seqs = sorted({r.get("seq") for r in results})
+    body = [[q, *(cell(i, q, "peak_mib") for i in impls), *(cell(i, q, "median_ms") for i in impls)] for q in seqs]
+    return table(["sequence length", *(f"{i} peak MiB" for i in impls), *(f"{i} step ms" for i in impls)], body)
+
+
+#: airbench's "standard ResNet-18" baseline on one A100 (Keller Jordan, airbench README, 2024): 32.3 PFLOP in
+#: 7 min. The GPU step below is this record's FLOPs at that rate: an estimate, never a measurement.
+PUBLISHED_A100_FLOPS_PER_S = 32.3e15 / (7 * 60)
+
+
+def scaleout_table(record: Mapping, devices: Sequence[int] = (1, 8, 512)) -> str | None:
+    """Data parallelism of this record's job at ``devices`` GPUs, by the planner, from an estimated GPU step.
+
+    None when the planner lacks ``spec_from_record``, ``Assumptions`` or ``predict_step(spec, strategy, devices,
+    assumptions)`` with ``comm_bytes``, ``comm_s``, ``step_s``, ``samples_per_step`` and ``samples_per_s``.
+    """
+    import dataclasses
+
+    from modelwright import planner
+
+    flops = finite(get_path(record, "flops.flops_per_step"))
+    if not flops:
+        return None
+    try:
+        spec = dataclasses.replace(planner.spec_from_record(record),
+                                   step_time_ms=1e3 * flops / PUBLISHED_A100_FLOPS_PER_S)
+        a = planner.Assumptions()
+        preds = [planner.predict_step(spec, "dp", n, a) for n in devices]
+        one = preds[0].samples_per_s
+        body = [[n, f"{p.samples_per_step:,}", sig(p.comm_bytes / 2**20),
+                 f"{sig(p.comm_s * 1e3, 2)} ms (estimate)", f"{sig(p.step_s * 1e3, 2)} ms (estimate)",
+                 f"{pct(p.samples_per_s / (n * one))} (estimate)"] for n, p in zip(devices, preds, strict=True)]
+    except (AttributeError, TypeError, KeyError) as err:
+        import sys
+
+        print(f"report: planner interface not available for the scale-out table ({err})", file=sys.stderr)
+        return None
+    knobs = ", ".join(f"{k} = {v}" for k, v in dataclasses.asdict(a).items() if "bandwidth" in k or "overlap" in k)
+    return table(["GPUs", "global batch", "gradient MiB sent per GPU per step", "communication per step",
+                  "step time", "scaling efficiency"], body) + f"\n\nPlanner assumptions: {knobs}."
