@@ -170,3 +170,26 @@ def test_trainer_refusals_are_one_line(case, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {key}:"), err
     assert not _versions(log_dir)
+
+
+def _zip(path: Path) -> Path:
+    import zipfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("data.pkl", b"x")
+    return path
+
+
+def test_last_is_the_latest_runs_newest_loadable_checkpoint(tmp_path):
+    from modelwright.errors import ConfigError
+    from modelwright.train.cli import find_last_checkpoint
+
+    older = _zip(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
+    good = _zip(tmp_path / "version_1" / "checkpoints" / "last-step.ckpt")
+    (tmp_path / "version_1" / "checkpoints" / "last.ckpt").write_bytes(b"")  # a full disk left it empty, newer
+    assert find_last_checkpoint(tmp_path) == good
+    (tmp_path / "version_2").mkdir()  # the latest run was killed before its first checkpoint
+    with pytest.raises(ConfigError, match="version_2 has no loadable checkpoint.*version_1.*last-step.ckpt"):
+        find_last_checkpoint(tmp_path)
+    assert older.is_file()

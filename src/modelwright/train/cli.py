@@ -45,11 +45,34 @@ def _logger_init_args(trainer_cfg) -> dict | None:
 
 
 def find_last_checkpoint(log_root: Path) -> Path:
-    """The newest ``version_*/checkpoints/last.ckpt`` under ``log_root``."""
-    candidates = sorted(log_root.glob("version_*/checkpoints/last*.ckpt"), key=lambda p: p.stat().st_mtime)
-    if not candidates:
-        raise ConfigError(f"ckpt_path: 'last' but no last.ckpt under {log_root}/version_*/checkpoints")
-    return candidates[-1]
+    """The newest loadable ``last*.ckpt`` of the latest run (the highest ``version_N``) under ``log_root``.
+
+    Never an older run's without saying so: when the latest run has none (killed before its first checkpoint), the
+    error names the newest older candidate, to be passed explicitly.
+    """
+    def number(folder: Path) -> int:
+        tail = folder.name.removeprefix("version_")
+        return int(tail) if tail.isdigit() else -1
+
+    runs = sorted((p for p in log_root.glob("version_*") if p.is_dir()), key=number, reverse=True)
+    for i, run in enumerate(runs):
+        found = sorted((c for c in run.glob("checkpoints/last*.ckpt") if _loadable(c)), key=lambda c: c.stat().st_mtime)
+        if found and i == 0:
+            return found[-1]
+        if found:
+            raise ConfigError(
+                f"ckpt_path: 'last', but the latest run {runs[0]} has no loadable checkpoint; the newest older one is "
+                f"{found[-1]} (pass it as --ckpt_path to resume that run)"
+            )
+    raise ConfigError(f"ckpt_path: 'last' but no loadable last*.ckpt under {log_root}/version_*/checkpoints")
+
+
+def _loadable(path: Path) -> bool:
+    """A checkpoint file that is a whole zip archive (a write cut short or a full disk leaves one that is not)."""
+    try:
+        return path.is_dir() or (path.stat().st_size > 0 and zipfile.is_zipfile(path))
+    except OSError:
+        return False
 
 
 def resolve_config_args(argv: list[str]) -> list[str]:
@@ -130,7 +153,7 @@ def check_checkpoint(path: Path) -> None:
         return
     if not path.is_file():
         raise ConfigError(f"ckpt_path: no checkpoint at {path}")
-    if not zipfile.is_zipfile(path):
+    if not _loadable(path):
         raise ConfigError(f"ckpt_path: {path} is not a PyTorch checkpoint (truncated or corrupted?)")
 
 
