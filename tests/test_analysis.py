@@ -51,6 +51,9 @@ def test_kernel_table_sets_bf16_rates_beside_fp32(tmp_path):
     amp["flops"].update(peak_flops_per_s=449e9, achieved_flops_per_s=378e9)
     text = tables.kernel_table({"cpu-x": tables.build_rows([base, amp])})
     assert "| cpu-x | 216 | 449 | 2.1× | 210 | 378 | 1.8× |" in text  # 449/216 = 2.08, 378/210 = 1.80
+    for r in (base, amp):  # records without FLOP rates: dashes (this raised TypeError: None / 1e9)
+        del r["flops"]
+    assert "| cpu-x | – | – | – | – | – | – |" in tables.kernel_table({"cpu-x": tables.build_rows([base, amp])})
 
 
 def test_scaleout_marks_every_estimate_and_grows_the_global_batch():
@@ -68,8 +71,11 @@ def test_scaleout_marks_every_estimate_and_grows_the_global_batch():
 
 
 def test_sections_without_results_say_so(tmp_path):
-    write(tmp_path / "results" / "cpu-x", [rec("baseline", 2000, 700)])
+    folder = write(tmp_path / "results" / "cpu-x", [rec("baseline", 2000, 700)])
+    (folder / "main_job.json").write_text('{"command": "uv run', encoding="utf-8")  # torn: read as absent
     sections = readme.Sections(tmp_path / "results", tmp_path)
     assert "Not measured yet" in sections("attention") and sections("unknown") is None
+    assert sections("mainjob") == "No main-job measurement recorded yet."
+    assert sections("overhead") == "No overhead measurement recorded yet."
     with pytest.raises(ConfigError, match="unknown field"):
         sections("v:cpu-x:baseline:nonsense")

@@ -13,7 +13,7 @@ from modelwright import report
 from modelwright.__main__ import main as cli
 from modelwright.errors import ConfigError
 from modelwright.record import read_records
-from modelwright.report import readme, tables
+from modelwright.report import fmt, readme, tables
 
 DATA = Path(__file__).resolve().parent / "data"
 FIXTURE = DATA / "records_fixture.jsonl"
@@ -204,3 +204,13 @@ def test_attention_table_tolerates_absence_and_reads_the_benchmark():
         {"impl": "sdpa", "seq": 4096, "status": "ok", "peak_mib": 150.0, "median_ms": 400.0}]}
     text = tables.attention_table(copy.deepcopy(result))
     assert "| 256 | 40.0 | 10.0 | 12.0 | 9.00 |" in text and "| 4096 | oom | 150 | oom | 400 |" in text
+
+
+def test_formatters_round_to_significant_digits_and_dash_what_is_missing():
+    assert [fmt.sig(x) for x in (0.9996, 123456, 0.00123456, 0)] == ["1.00", "123,000", "0.00123", "0"]
+    assert {fmt.sig(x) for x in (None, True, float("nan"), float("inf"), "1")} == {"–"}
+    assert fmt.ratio(0.5649) == "0.56×" and fmt.pct(0.873) == "87%" and fmt.pct(0.05, signed=True) == "+5.0%"
+    assert [fmt.duration(s) for s in (0.85, 60, 150, 3 * 3600, 3.1 * 86400)] == ["850 ms", "60 s", "2.5 min", "3 h",
+                                                                                "3.1 days"]
+    assert fmt.count(11_173_962) == "11.2 M" and fmt.usd(12.5) == "$12.50" and fmt.usd(1234.7) == "$1,235"
+    assert fmt.table(["a", "b"], [["x|y", 1]]) == "| a | b |\n|:--|--:|\n| x\\|y | 1 |"

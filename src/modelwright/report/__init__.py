@@ -45,19 +45,14 @@ def render_table_md(study: Study) -> str:
 
 def summary(study: Study) -> dict:
     """A machine-readable digest of the table."""
-    runs = []
-    for r in study.rows:
-        item = {"name": r.name, "status": r.status, "model": r.model,
-                "reference": r.reference.name if r.reference else None}
-        if r.ok:
-            item.update(r.v, setup=tables.setup_text(r.records[0]), memory_vs_reference=r.vs("peak_mib"),
-                        time_vs_reference=r.vs("step_ms"), verdict=r.verdict,
-                        run_ids=[x.get("run_id") for x in r.records])
-        else:
-            item["error"] = r.error
-        runs.append(item)
+    runs = [{"name": r.name, "status": r.status, "model": r.model,
+             "reference": r.reference.name if r.reference else None}
+            | (dict(r.v, setup=tables.setup_text(r.records[0]), memory_vs_reference=r.vs("peak_mib"),
+                    time_vs_reference=r.vs("step_ms"), verdict=r.verdict,
+                    run_ids=[x.get("run_id") for x in r.records]) if r.ok else {"error": r.error})
+            for r in study.rows]
     budget = [{k: v for k, v in b.__dict__.items() if k != "records"} | {"fits": b.fits} for b in study.budget]
-    return {"slug": study.slug, "runs": runs, "budget": budget, "process_time_s": study.wall_s(),
+    return {"slug": study.slug, "runs": runs, "budget": budget, "process_time_s": study.wall_s,
             "provenance_groups": study.marks, "plots": [n for n in PLOTS if (study.folder / n).is_file()]}
 
 

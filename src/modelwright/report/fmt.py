@@ -1,13 +1,14 @@
 """The one set of formatters for every table and line the project prints: numbers, durations, markdown tables.
 
 Every figure prints with 2–3 significant digits at most: the machines that produce them are not more precise.
-``None`` and non-finite values print as an en dash.
+``None``, bools and non-finite values print as an en dash.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 DASH = "–"
@@ -20,17 +21,25 @@ def finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def sig(value: Any, digits: int = 3, suffix: str = "") -> str:
+def _dash_if_missing(fmt: Callable[..., str]) -> Callable[..., str]:
+    # One place decides what a missing figure looks like; each formatter below sees a finite float only.
+    @functools.wraps(fmt)
+    def wrapper(value: Any, *args: Any, **kwargs: Any) -> str:
+        v = finite(value)
+        return DASH if v is None else fmt(v, *args, **kwargs)
+
+    return wrapper
+
+
+@_dash_if_missing
+def sig(value: float, digits: int = 3, suffix: str = "") -> str:
     """A number to ``digits`` significant digits, with thousands separators and no scientific notation."""
-    v = finite(value)
-    if v is None:
-        return DASH
-    if v == 0:
+    if value == 0:
         return f"0{suffix}"
-    decimals = digits - 1 - math.floor(math.log10(abs(v)))
-    if abs(round(v, decimals)) >= 10 ** (digits - decimals):  # 0.9996 rounds up to 1.00: one decimal fewer
+    decimals = digits - 1 - math.floor(math.log10(abs(value)))
+    if abs(round(value, decimals)) >= 10 ** (digits - decimals):  # 0.9996 rounds up to 1.00: one decimal fewer
         decimals -= 1
-    return f"{round(v, decimals):,.{max(0, decimals)}f}{suffix}"
+    return f"{round(value, decimals):,.{max(0, decimals)}f}{suffix}"
 
 
 def ratio(value: Any, digits: int = 2) -> str:
@@ -38,48 +47,36 @@ def ratio(value: Any, digits: int = 2) -> str:
     return sig(value, digits, "×")
 
 
-def pct(fraction: Any, digits: int = 2, signed: bool = False) -> str:
+@_dash_if_missing
+def pct(fraction: float, digits: int = 2, signed: bool = False) -> str:
     """A fraction as a percentage to ``digits`` significant digits: ``0.873`` → ``87%``."""
-    v = finite(fraction)
-    if v is None:
-        return DASH
-    text = sig(100 * v, digits, "%")
-    return f"+{text}" if signed and v > 0 else text
+    return ("+" if signed and fraction > 0 else "") + sig(100 * fraction, digits, "%")
 
 
-def count(n: Any) -> str:
+@_dash_if_missing
+def count(n: float) -> str:
     """A large count with a unit prefix: ``11.2 M``, ``426 B``."""
-    v = finite(n)
-    if v is None:
-        return DASH
-    for scale, prefix in ((1e12, " T"), (1e9, " B"), (1e6, " M"), (1e3, " k")):
-        if abs(v) >= scale:
-            return f"{v / scale:.3g}{prefix}"
-    return f"{v:.0f}"
+    units = ((1e12, " T"), (1e9, " B"), (1e6, " M"), (1e3, " k"))
+    return next((f"{n / scale:.3g}{prefix}" for scale, prefix in units if abs(n) >= scale), f"{n:.0f}")
 
 
-def duration(seconds: Any) -> str:
+@_dash_if_missing
+def duration(seconds: float) -> str:
     """Seconds in the largest fitting unit, three significant digits: ``850 ms``, ``2.5 min``, ``3.1 days``."""
-    v = finite(seconds)
-    if v is None:
-        return DASH
-    for limit, scale, unit in ((1, 1e-3, "ms"), (120, 1, "s"), (7200, 60, "min"), (172800, 3600, "h")):
-        if v < limit:
-            return f"{v / scale:.3g} {unit}"
-    return f"{v / 86400:.3g} days"
+    units = ((1, 1e-3, "ms"), (120, 1, "s"), (7200, 60, "min"), (172800, 3600, "h"), (math.inf, 86400, "days"))
+    return next(f"{seconds / scale:.3g} {unit}" for limit, scale, unit in units if seconds < limit)
 
 
-def usd(value: Any) -> str:
-    v = finite(value)
-    if v is None:
-        return DASH
-    return f"${v:,.2f}" if v < 100 else f"${v:,.0f}"
+@_dash_if_missing
+def usd(value: float) -> str:
+    """Dollars: cents below $100, whole dollars above."""
+    return f"${value:,.2f}" if value < 100 else f"${value:,.0f}"
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str | None = None) -> str:
     """A markdown table; ``align`` is one of ``l``/``r``/``c`` per column (default: first left, the rest right)."""
-    align = align or "l" + "r" * (len(header) - 1)
     marks = {"l": ":--", "r": "--:", "c": ":-:"}
+    align = align or "l" + "r" * (len(header) - 1)
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(marks[a] for a in align) + "|"]
     lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |" for cells in rows]
     return "\n".join(lines)

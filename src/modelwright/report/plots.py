@@ -33,35 +33,33 @@ def plot_all(rows: Sequence[Row], budget: Sequence[BudgetRow], out_dir: Path, ti
 
     def save(fig, name: str) -> None:
         fig.tight_layout()
-        fig.savefig(out_dir / name, dpi=110, metadata={"Software": None})
+        fig.savefig(out_dir / name, dpi=110, metadata={"Software": None})  # no version stamp: same data, same bytes
         plt.close(fig)
         written.append(out_dir / name)
 
-    x, names = range(len(rows)), [r.name for r in rows]
-    width = max(6.0, 0.8 * len(rows) + 2)
-    fig, ax = plt.subplots(figsize=(width, 4.5))
-    keys = list(dict.fromkeys(k for r in rows for k in r.v["anatomy"]))
+    def per_run(height: float):  # one bar (or stack) per run, named below it
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(rows) + 2), height))
+        ax.set_xticks(range(len(rows)), [r.name for r in rows], rotation=30, ha="right")
+        return fig, ax
+
+    fig, ax = per_run(4.5)
     bottom = [0.0] * len(rows)
-    for key, color in zip(keys, COLORS, strict=False):
+    for key, color in zip(dict.fromkeys(k for r in rows for k in r.v["anatomy"]), COLORS, strict=False):
         vals = [r.v["anatomy"].get(key) or 0.0 for r in rows]
-        ax.bar(x, vals, bottom=bottom, label=key.replace("_", " "), color=color)
+        ax.bar(range(len(rows)), vals, bottom=bottom, label=key.replace("_", " "), color=color)
         bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
-    ax.set_xticks(list(x), names, rotation=30, ha="right")
-    ax.set_ylabel("MiB at the step's peak")
-    ax.set_title(f"Memory anatomy per run ({title})")
+    ax.set(ylabel="MiB at the step's peak", title=f"Memory anatomy per run ({title})")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     save(fig, "memory_anatomy.png")
 
-    fig, ax = plt.subplots(figsize=(width, 4.0))
+    fig, ax = per_run(4.0)
     med = [r.v["step_ms"] or 0.0 for r in rows]
     lo = [m - (r.v["step_lo"] or m) for m, r in zip(med, rows, strict=True)]
     hi = [(r.v["step_hi"] or m) - m for m, r in zip(med, rows, strict=True)]
-    ax.bar(x, med, yerr=[lo, hi], capsize=4, color=COLORS[0])
+    ax.bar(range(len(rows)), med, yerr=[lo, hi], capsize=4, color=COLORS[0])
     for i, r in enumerate(rows):
         ax.text(i, med[i] + hi[i], ratio(r.vs("step_ms")), ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(list(x), names, rotation=30, ha="right")
-    ax.set_ylabel("ms per optimizer step")
-    ax.set_title(f"Step time per run, median and spread of repeats ({title})")
+    ax.set(ylabel="ms per optimizer step", title=f"Step time per run, median and spread of repeats ({title})")
     save(fig, "step_time.png")
 
     fig, ax = plt.subplots(figsize=(6.5, 5.0))

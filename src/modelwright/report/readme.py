@@ -10,18 +10,17 @@ gflop_step.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from modelwright.errors import ConfigError, require
-from modelwright.record import get_path, read_records
+from modelwright.errors import require
+from modelwright.record import get_path, read_record, read_records
 from modelwright.report import tables as t
-from modelwright.report.fmt import DASH, duration, pct, ratio, sig, table
+from modelwright.report.fmt import DASH, duration, finite, pct, ratio, sig, table
 from modelwright.report.plots import PLOTS
 
 MARKER = re.compile(r"<!-- ([\w.:/-]+):start -->(.*?)<!-- \1:end -->", re.S)
@@ -54,22 +53,23 @@ def write_sections(path: Path, render: Callable[[str], str | None]) -> bool:
 
 
 def _json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    # A benchmark that has not run, or a torn file, leaves its section saying so instead of failing the report.
+    with contextlib.suppress(OSError, ValueError):
+        data = read_record(path, validate=False)
+        return data if isinstance(data, dict) else None
+    return None
 
 
 @dataclass
 class Study:
-    """One ``results/<slug>/`` folder: its records, rows, budget rows and provenance marks."""
+    """One ``results/<slug>/`` folder: its records, rows, budget rows, provenance marks and the runs' wall time."""
 
     folder: Path
     records: list[dict]
     rows: list[t.Row]
     budget: list[t.BudgetRow]
     marks: dict[str, str]
+    wall_s: float
 
     @classmethod
     def load(cls, folder: Path, allow_mixed: bool = False) -> Study:
@@ -80,7 +80,8 @@ class Study:
         rows = t.build_rows(records)
         budget = t.build_budget_rows(records, rows)
         used = [r for row in rows for r in row.records] + [r for b in budget for r in b.records]
-        return cls(folder, records, rows, budget, t.check_provenance(used, str(path), allow_mixed))
+        return cls(folder, records, rows, budget, t.check_provenance(used, str(path), allow_mixed),
+                   sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in used))
 
     @property
     def slug(self) -> str:
@@ -88,10 +89,6 @@ class Study:
 
     def row(self, name: str) -> t.Row | None:
         return next((r for r in self.rows if r.name == name and r.ok), None)
-
-    def wall_s(self) -> float:
-        used = [r for row in self.rows for r in row.records] + [r for b in self.budget for r in b.records]
-        return sum(t.finite(get_path(r, "study.process_wall_s")) or 0 for r in used)
 
     def header(self) -> str:
         """Conditions, the commands behind every row, and the runs' total wall time."""
@@ -106,13 +103,12 @@ class Study:
             shown.append("not recorded for records made before provenance"
                          + (f" (last study invocation: `{study_cmd}`)" if study_cmd else ""))
         repeats = max((r.v["repeats"] for r in self.rows if r.ok), default=0)
-        lines = [f"- Hardware: {hw.get('accelerator', '?').upper()} {device}; torch {ver.get('torch')}, "
-                 f"lightning {ver.get('lightning')}, python {ver.get('python')}",
-                 f"- Window: {s.get('warmup_steps')} warm-up, {s.get('measured_steps')} measured steps per run, "
-                 f"up to {repeats} repeat(s) per row; plan `{s.get('plan')}`",
-                 f"- Command(s): {'; '.join(shown)}; total wall time of the runs: {duration(self.wall_s())}"]
-        lines += [f"- [{m}] {g}" for g, m in self.marks.items()]
-        return "\n".join(lines)
+        return "\n".join([f"- Hardware: {hw.get('accelerator', '?').upper()} {device}; torch {ver.get('torch')}, "
+                          f"lightning {ver.get('lightning')}, python {ver.get('python')}",
+                          f"- Window: {s.get('warmup_steps')} warm-up, {s.get('measured_steps')} measured steps per "
+                          f"run, up to {repeats} repeat(s) per row; plan `{s.get('plan')}`",
+                          f"- Command(s): {'; '.join(shown)}; total wall time of the runs: {duration(self.wall_s)}",
+                          *(f"- [{m}] {g}" for g, m in self.marks.items())])
 
 
 class Sections:
@@ -121,47 +117,46 @@ class Sections:
     def __init__(self, results: Path, doc_dir: Path, allow_mixed: bool = False):
         self.root, self.doc_dir = results, doc_dir
         folders = sorted(p for p in results.iterdir() if (p / "records.jsonl").is_file()) if results.is_dir() else []
-        self.studies = [Study.load(f, allow_mixed) for f in folders]
-        self.studies = [s for s in self.studies if s.rows]
+        self.studies = [s for s in (Study.load(f, allow_mixed) for f in folders) if s.rows]
 
     def rel(self, path: Path) -> str:
         return Path(os.path.relpath(path, self.doc_dir)).as_posix()
 
     def __call__(self, name: str) -> str | None:
+        """The text of section ``name``; None for a name this writer does not know (its text is left alone)."""
         if name.startswith("v:"):
             return self.value(*name.split(":")[1:])
-        method = getattr(self, f"_{name}", None)
-        return method() if callable(method) else None
+        rows = {s.slug: s.rows for s in self.studies}
+        render = {"findings": lambda: t.findings_table(rows, FINDINGS), "kernels": lambda: t.kernel_table(rows),
+                  "results": self.results, "scaleout": self.scaleout, "attention": self.attention,
+                  "mainjob": lambda: self.benchmark("main-job", main_job_text, "main_job.json"),
+                  "overhead": lambda: self.benchmark("overhead", overhead_text, "callback_overhead.json",
+                                                     "overhead-resnet18.json", "overhead-smallcnn-epoch.json"),
+                  "cpudefaults": lambda: self.benchmark("CPU-defaults", cpu_defaults_text, "cpu_defaults.json")}
+        return render[name]() if name in render else None
 
     def value(self, slug: str, run: str, field: str) -> str:
+        """One figure of run ``run`` in ``results/<slug>/`` (a field of the module docstring); a dash without it."""
         study = next((s for s in self.studies if s.slug == slug), None)
         row = study.row(run) if study else None
         if row is None:
             return DASH
-        a = row.v["anatomy"]
-        rec = row.records[0]
-        values: dict[str, Any] = {
-            "peak": f"{sig(row.v['peak_mib'])} MiB", "memory": ratio(row.vs("peak_mib")),
-            "step": f"{sig(row.v['step_ms'])} ms", "time": ratio(row.vs("step_ms")), "verdict": row.verdict,
-            "band": t.NO_BAND if row.band is None else f"±{pct(row.band)}", "mfu": pct(row.v["mfu"]),
+        a, peak = row.v["anatomy"], row.v["peak_mib"]
+        gflops = {f: sig(t.div(finite(get_path(row.records[0], f"flops.{key}")) or None, 1e9)) for f, key in
+                  (("peak_gflops", "peak_flops_per_s"), ("gflop_step", "flops_per_step"),
+                   ("achieved_gflops", "achieved_flops_per_s"))}
+        values = {
+            "peak": f"{sig(peak)} MiB", "memory": ratio(row.vs("peak_mib")), "step": f"{sig(row.v['step_ms'])} ms",
+            "time": ratio(row.vs("step_ms")), "verdict": row.verdict,
+            "band": "none with 1 repeat" if row.band is None else f"±{pct(row.band)}", "mfu": pct(row.v["mfu"]),
             "activations": f"{sig(a['activations'])} MiB",
             "state": f"{sig(sum(a[k] or 0 for k in ('parameters', 'gradients', 'optimizer_state')))} MiB",
-            "share": pct((a["activations"] or 0) / row.v["peak_mib"] if row.v["peak_mib"] else None),
-            "batch": str(next((b.batch for b in study.budget if b.name == run and b.fits), DASH)),
-            "peak_gflops": sig((t.finite(get_path(rec, "flops.peak_flops_per_s")) or 0) / 1e9 or None),
-            "gflop_step": sig((t.finite(get_path(rec, "flops.flops_per_step")) or 0) / 1e9 or None),
-            "achieved_gflops": sig((t.finite(get_path(rec, "flops.achieved_flops_per_s")) or 0) / 1e9 or None),
-        }
+            "share": pct(t.div(a["activations"] or 0, peak)),
+            "batch": str(next((b.batch for b in study.budget if b.name == run and b.fits), DASH)), **gflops}
         require(field in values, f"<!-- v:{slug}:{run}:{field} -->: unknown field (one of {', '.join(values)})")
         return values[field]
 
-    def _findings(self) -> str:
-        return t.findings_table({s.slug: s.rows for s in self.studies}, FINDINGS)
-
-    def _kernels(self) -> str:
-        return t.kernel_table({s.slug: s.rows for s in self.studies})
-
-    def _results(self) -> str:
+    def results(self) -> str:
         parts = []
         for s in self.studies:
             hw = next((r.records[0].get("hardware") or {} for r in s.rows if r.ok), {})
@@ -176,12 +171,12 @@ class Sections:
                       f"({self.rel(s.folder / 'table.md')}).", ""]
         return "\n".join(parts) if parts else "No study results yet: run `uv run python -m modelwright study`."
 
-    def _scaleout(self) -> str:
+    def scaleout(self) -> str:
         s = next((s for s in self.studies if s.row("amp")), None)
         out = t.scaleout_table(s.row("amp").records[0]) if s else None
         return out or "Not generated: the planner's interface for it is not available."
 
-    def _attention(self) -> str:
+    def attention(self) -> str:
         parts = []
         for s in self.studies:
             text = t.attention_table(_json(s.folder / "attention.json"))
@@ -192,20 +187,11 @@ class Sections:
                               f"({self.rel(s.folder / 'attention.png')})", ""]
         return "\n".join(parts) or "Not measured yet: run `uv run python benchmarks/attention.py`."
 
-    def _benchmarks(self, name: str, render: Callable[[Path], str | None]) -> str:
-        parts = [text for f in sorted(self.root.iterdir()) if f.is_dir() and (text := render(f))]
-        return "\n\n".join(parts) or f"No {name} measurement recorded yet."
-
-    def _mainjob(self) -> str:
-        return self._benchmarks("main-job", lambda f: main_job_text(_json(f / "main_job.json")))
-
-    def _overhead(self) -> str:
-        return self._benchmarks("overhead", lambda f: overhead_text(
-            _json(f / "callback_overhead.json"), _json(f / "overhead-resnet18.json"),
-            _json(f / "overhead-smallcnn-epoch.json")))
-
-    def _cpudefaults(self) -> str:
-        return self._benchmarks("CPU-defaults", lambda f: cpu_defaults_text(_json(f / "cpu_defaults.json")))
+    def benchmark(self, what: str, render: Callable[..., str | None], *files: str) -> str:
+        """``render`` over each results folder's benchmark ``files`` (read as JSON, None where absent)."""
+        folders = sorted(f for f in self.root.iterdir() if f.is_dir())
+        parts = [text for f in folders if (text := render(*(_json(f / name) for name in files)))]
+        return "\n\n".join(parts) or f"No {what} measurement recorded yet."
 
 
 def _where(result: Mapping) -> str:
@@ -213,6 +199,10 @@ def _where(result: Mapping) -> str:
     cores = f", {hw.get('cpu_cores')} cores" if hw.get("accelerator") == "cpu" else ""
     device = hw.get("device_name") or hw.get("cpu_model")
     return f"{device}{cores}; torch {v.get('torch')}, lightning {v.get('lightning')}"
+
+
+def _spread(values: list, what: str) -> str:
+    return f"{ratio(min(values, default=None))}–{ratio(max(values, default=None))} ({len(values)} {what})"
 
 
 def main_job_text(r: Mapping | None) -> str | None:
@@ -226,24 +216,19 @@ def main_job_text(r: Mapping | None) -> str | None:
 def overhead_text(callback: Mapping | None, *loops: Mapping | None) -> str | None:
     rows = []
     if callback:
-        hooks = callback.get("hooks_ms_per_step") or {}
-        pairs = callback.get("pair_ratios") or []
-        rows.append(["measurement callbacks, hooks timed directly", f"{sig(hooks.get('median'), 2)} ms per step",
-                     pct(callback.get("hooks_fraction_of_step"), 2), DASH, f"`{callback['command']}`"])
-        rows.append(["measurement callbacks on ÷ off, paired runs", ratio(callback["ratio_on_off"], 3),
-                     DASH, f"{ratio(min(pairs, default=None))}–{ratio(max(pairs, default=None))} ({len(pairs)} pairs)",
-                     f"`{callback['command']}`"])
+        pairs, cmd = callback.get("pair_ratios") or [], f"`{callback['command']}`"
+        rows += [["measurement callbacks, hooks timed directly",
+                  f"{sig((callback.get('hooks_ms_per_step') or {}).get('median'), 2)} ms per step",
+                  pct(callback.get("hooks_fraction_of_step"), 2), DASH, cmd],
+                 ["measurement callbacks on ÷ off, paired runs", ratio(callback["ratio_on_off"], 3), DASH,
+                  _spread(pairs, "pairs"), cmd]]
     for result in filter(None, loops):
         epoch = result.get("mode") == "epoch"
-        for name, s in result["loops"].items():
-            if name == "raw":
-                continue
-            reps = s.get("repeat_epoch_ratios_to_raw" if epoch else "repeat_ratios_to_raw") or []
-            rows.append([f"{name} ÷ raw PyTorch loop, {result['settings']['model']}, "
-                         f"{'time per epoch' if epoch else 'median step'}",
-                         ratio(s["epoch_ratio_to_raw" if epoch else "ratio_to_raw"], 3), DASH,
-                         f"{ratio(min(reps, default=None))}–{ratio(max(reps, default=None))} ({len(reps)} repeats)",
-                         f"`{result['command']}`"])
+        rows += [[f"{name} ÷ raw PyTorch loop, {result['settings']['model']}, "
+                  f"{'time per epoch' if epoch else 'median step'}",
+                  ratio(s["epoch_ratio_to_raw" if epoch else "ratio_to_raw"], 3), DASH,
+                  _spread(s.get("repeat_epoch_ratios_to_raw" if epoch else "repeat_ratios_to_raw") or [], "repeats"),
+                  f"`{result['command']}`"] for name, s in result["loops"].items() if name != "raw"]
     if not rows:
         return None
     where = _where(callback or next(filter(None, loops)))
@@ -264,11 +249,5 @@ def cpu_defaults_text(result: Mapping | None) -> str | None:
 
 def update(docs: list[Path], results: Path, allow_mixed: bool = False) -> list[Path]:
     """Fill the sections of each document; returns those that changed."""
-    changed = []
-    for doc in docs:
-        if write_sections(doc, Sections(results, doc.parent.resolve(), allow_mixed)):
-            changed.append(doc)
-    return changed
+    return [doc for doc in docs if write_sections(doc, Sections(results, doc.parent.resolve(), allow_mixed))]
 
-
-__all__ = ["ConfigError", "Sections", "Study", "update", "write_sections"]

@@ -9,7 +9,10 @@ called faster or slower only when it leaves the reference's own repeat-to-repeat
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import statistics
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +26,16 @@ ANATOMY = ("parameters", "gradients", "optimizer_state", "activations", "tempora
 HARDWARE_PEAK_DEFINITIONS = 2
 #: Training-loss points averaged for the quality column (compared only at equal samples seen).
 LOSS_STEPS = 3
-NO_BAND = "none with 1 repeat"
 
 
 def median(values: Sequence[Any]) -> float | None:
     nums = [v for v in map(finite, values) if v is not None]
     return statistics.median(nums) if nums else None
+
+
+def div(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or None where either is missing or ``b`` is zero (a figure that cannot be computed prints a dash)."""
+    return a / b if a is not None and b else None
 
 
 def study_records(records: Sequence[dict]) -> list[dict]:
@@ -91,9 +98,7 @@ class Row:
         return get_path(self.records[0], "techniques.model_name")
 
     def vs(self, key: str) -> float | None:
-        ref = self.reference.v.get(key) if self.reference else None
-        mine = self.v.get(key)
-        return mine / ref if mine is not None and ref else None
+        return div(self.v.get(key), self.reference.v.get(key) if self.reference else None)
 
     @property
     def band(self) -> float | None:
@@ -135,28 +140,28 @@ def _values(ok: list[dict]) -> dict[str, Any]:
             "hardware_peak": all((get_path(r, "provenance.definitions") or 0) >= HARDWARE_PEAK_DEFINITIONS for r in ok)}
 
 
-def _is_reference(name: str) -> bool:
-    return name == "baseline" or name.endswith(("-baseline", "_baseline"))
+def _by_name(records: Sequence[dict], kind: str) -> dict[str, list[dict]]:
+    """The study records of ``kind`` (``run`` or ``budget``) per plan entry, in the order they were written."""
+    out: dict[str, list[dict]] = {}
+    for r in study_records(records):
+        if r["study"].get("kind", "run") == kind:
+            out.setdefault(r["study"]["name"], []).append(r)
+    return out
 
 
-def build_rows(records: Sequence[dict], kind: str = "run") -> list[Row]:
+def build_rows(records: Sequence[dict]) -> list[Row]:
     """The table's rows in plan order, each with its reference row set."""
-    mine = [r for r in study_records(records) if r["study"].get("kind", "run") == kind]
-    latest = {r["study"]["name"]: r["study"].get("config_hash") for r in mine}
-    groups: dict[str, list[dict]] = {}
-    for r in mine:
-        if r["study"].get("config_hash") == latest[r["study"]["name"]]:
-            groups.setdefault(r["study"]["name"], []).append(r)
     rows = []
-    for name, group in groups.items():
-        ok = [r for r in group if r.get("status") == "ok"]
-        index = int(group[-1]["study"].get("index", 0))
+    for name, group in _by_name(records, "run").items():
         last = group[-1]
+        group = [r for r in group if r["study"].get("config_hash") == last["study"].get("config_hash")]
+        ok = [r for r in group if r.get("status") == "ok"]
+        index = int(last["study"].get("index", 0))
         rows.append(Row(name, index, ok, "ok", v=_values(ok)) if ok
                     else Row(name, index, [last], str(last.get("status")), error=last.get("error")))
     rows.sort(key=lambda r: (r.index, r.name))
     refs: dict[Any, Row] = {}
-    for row in sorted((r for r in rows if r.ok), key=lambda r: not _is_reference(r.name)):
+    for row in sorted((r for r in rows if r.ok), key=lambda r: not re.fullmatch(r"(.*[-_])?baseline", r.name)):
         refs.setdefault(row.model, row)
     for row in rows:
         row.reference = refs.get(row.model)
@@ -244,12 +249,8 @@ class BudgetRow:
 
 def build_budget_rows(records: Sequence[dict], rows: Sequence[Row]) -> list[BudgetRow]:
     """Per budget run, its latest series of attempts (a probe, attempt 0, then attempts from 1) and where it ended."""
-    attempts: dict[str, list[dict]] = {}
-    for r in study_records(records):
-        if r["study"].get("kind") == "budget":
-            attempts.setdefault(r["study"]["name"], []).append(r)
     out = []
-    for name, recs in attempts.items():
+    for name, recs in _by_name(records, "budget").items():
         firsts = [i for i, r in enumerate(recs) if r["study"].get("attempt", 1) == 1]
         if not firsts:
             continue
@@ -266,7 +267,7 @@ def build_budget_rows(records: Sequence[dict], rows: Sequence[Row]) -> list[Budg
     fitted = {b.name: b.batch for b in out if b.fits}
     for b in out:
         ref = fitted.get(index.get(b.name, (0, None))[1] or "")
-        b.vs_reference = b.batch / ref if b.fits and ref else None
+        b.vs_reference = div(b.batch, ref) if b.fits else None
     return out
 
 
@@ -302,10 +303,10 @@ def kernel_table(studies: Mapping[str, Sequence[Row]], low: str = "amp") -> str:
         amp = next((r for r in rows if r.ok and r.name == low), None)
         if not base or not amp:
             continue
-        rate = [median([get_path(x, k) for x in row.records]) for row in (base, amp)
-                for k in ("flops.peak_flops_per_s", "flops.achieved_flops_per_s")]
-        body.append([slug, sig(rate[0] / 1e9), sig(rate[2] / 1e9), ratio(rate[2] / rate[0]),
-                     sig(rate[1] / 1e9), sig(rate[3] / 1e9), ratio(rate[3] / rate[1])])
+        peak, run, peak16, run16 = (median([get_path(x, f"flops.{k}") for x in row.records]) for row in (base, amp)
+                                    for k in ("peak_flops_per_s", "achieved_flops_per_s"))
+        body.append([slug, sig(div(peak, 1e9)), sig(div(peak16, 1e9)), ratio(div(peak16, peak)),
+                     sig(div(run, 1e9)), sig(div(run16, 1e9)), ratio(div(run16, run))])
     return table(["machine", "fp32 peak GFLOP/s", "bf16 peak GFLOP/s", "bf16 ÷ fp32 peak",
                   "fp32 training GFLOP/s", "bf16 training GFLOP/s", "bf16 ÷ fp32 training"], body, "lrrrrrr")
 
@@ -341,9 +342,7 @@ def scaleout_table(record: Mapping, devices: Sequence[int] = (1, 8, 512)) -> str
     None when the planner lacks ``spec_from_record``, ``Assumptions`` or ``predict_step(spec, strategy, devices,
     assumptions)`` with ``comm_bytes``, ``comm_s``, ``step_s``, ``samples_per_step`` and ``samples_per_s``.
     """
-    import dataclasses
-
-    from modelwright import planner
+    from modelwright import planner  # here: the package's formatters should not pull in the planner
 
     flops = finite(get_path(record, "flops.flops_per_step"))
     if not flops:
@@ -358,8 +357,6 @@ def scaleout_table(record: Mapping, devices: Sequence[int] = (1, 8, 512)) -> str
                  f"{sig(p.comm_s * 1e3, 2)} ms (estimate)", f"{sig(p.step_s * 1e3, 2)} ms (estimate)",
                  f"{pct(p.samples_per_s / (n * one))} (estimate)"] for n, p in zip(devices, preds, strict=True)]
     except (AttributeError, TypeError, KeyError) as err:
-        import sys
-
         print(f"report: planner interface not available for the scale-out table ({err})", file=sys.stderr)
         return None
     knobs = ", ".join(f"{k} = {v}" for k, v in dataclasses.asdict(a).items() if "bandwidth" in k or "overlap" in k)
