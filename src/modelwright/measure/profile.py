@@ -1,0 +1,153 @@
+"""The saved-for-backward profile of one training step: what the planner predicts every technique's peak from.
+
+One plain fp32 step, no checkpointing, is run under PyTorch's ``MemTracker`` with a
+``torch.autograd.graph.saved_tensors_hooks`` pair that sees every tensor autograd keeps for backward. The
+profile records, per module in forward order:
+
+* the bytes of the storages it saved (each storage counted once, charged to the first module in forward order
+  that saved it, which is the last to release it in backward), by dtype and kind: ``batch`` (first dimension a
+  multiple of the batch), ``fixed`` (per-channel statistics), ``param`` (a parameter: free in fp32, a 16-bit copy
+  under autocast when ``cast``), ``input`` (the batch itself, made before the step);
+* MemTracker's per-module view: gradients, activations and temporaries at the module's peak in backward;
+* the checkpoint segments (stage, block) it belongs to, and each segment's input storage and parameter bytes.
+
+The result is a JSON-ready dict (``record["profile"]``); ``modelwright.planner.memory`` reads it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+#: Modules whose ops autocast runs in 16 bits, so a weight they save becomes a 16-bit copy.
+AUTOCAST_16BIT = ("Conv1d", "Conv2d", "Conv3d", "Linear", "NonDynamicallyQuantizableLinear", "MultiheadAttention")
+PROFILE_VERSION = 1
+
+
+def _kind(t: torch.Tensor, batch: int) -> str:
+    return "batch" if t.dim() >= 2 and t.shape[0] % batch == 0 else "fixed"
+
+
+def profile_step(
+    model: nn.Module,
+    step: Callable[[], Any],
+    batch_size: int,
+    optimizers: Sequence[torch.optim.Optimizer] = (),
+    inputs: Sequence[torch.Tensor] = (),
+    segments: Mapping[str, Sequence[nn.Module]] | None = None,
+) -> dict[str, Any]:
+    """Run ``step`` once (forward, backward, optimizer step) and return its profile.
+
+    Run it after a warm-up step, so that the optimizer state exists, on an fp32 model without checkpointing.
+
+    Args:
+        model: the network (the root whose modules are profiled).
+        step: runs one training step of ``batch_size`` samples on ``inputs``.
+        batch_size: samples in the step (the micro-batch).
+        optimizers: their state is counted as optimizer state.
+        inputs: tensors made before the step (the batch): saved, but not the step's memory.
+        segments: checkpoint segments by granularity (``{"stage": [...], "block": [...]}``).
+
+    Returns:
+        ``{"version", "batch_size", "units", "storages", "segments", "parameters", "peak_bytes", ...}``; see the
+        module docstring. Sizes are bytes.
+    """
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+
+    names = {m: n for n, m in model.named_modules()}
+    segments = {g: list(mods) for g, mods in (segments or {}).items()}
+    if any("forward" in m.__dict__ for m in model.modules()):
+        raise ValueError("profile_step: profile the model without gradient checkpointing")
+    seg_of = {g: {sub: i for i, seg in enumerate(mods) for sub in seg.modules()} for g, mods in segments.items()}
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    outside = {t.untyped_storage().data_ptr() for t in inputs}
+    units: list[dict[str, Any]] = []
+    unit_of: dict[nn.Module, int] = {}
+    stack: list[nn.Module] = []
+    storages: dict[int, list] = {}  # storage pointer -> [unit, bytes, kind, dtype]
+    seg_inputs: dict[str, dict[int, list]] = {g: {} for g in segments}  # granularity -> segment -> its input
+
+    def unit(mod: nn.Module | None) -> int:
+        if mod not in unit_of:
+            unit_of[mod] = len(units)
+            units.append({
+                "name": names.get(mod, "<loss>"),
+                "type": type(mod).__name__ if mod is not None else "",
+                "segments": {g: seg_of[g].get(mod) for g in segments},
+                "width": getattr(mod, "out_channels", None) or getattr(mod, "in_features", None),
+            })
+        return unit_of[mod]
+
+    def pre(mod: nn.Module, args: Any) -> None:
+        stack.append(mod)
+        if not any(True for _ in mod.children()):
+            unit(mod)
+        for g, mods in segments.items():
+            if mod in mods and args and isinstance(args[0], torch.Tensor) and mods.index(mod) not in seg_inputs[g]:
+                st = args[0].untyped_storage()
+                kind = "input" if st.data_ptr() in outside else _kind(args[0], batch_size)
+                seg_inputs[g][mods.index(mod)] = [st.data_ptr(), st.nbytes(), kind]
+
+    def post(mod: nn.Module, args: Any, out: Any) -> None:
+        stack.pop()
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        owner = unit(stack[-1] if stack else None)
+        kind = "param" if key in params else "input" if key in outside else _kind(t, batch_size)
+        if kind == "param" and units[owner]["type"] in AUTOCAST_16BIT:
+            kind, key = "cast", (key, owner)  # each module that saves a weight casts its own copy
+        if key not in storages or (isinstance(key, int) and owner < storages[key][0]):
+            storages[key] = [owner, st.nbytes(), kind, str(t.dtype).removeprefix("torch.")]
+        return t
+
+    hooks = [m.register_forward_pre_hook(pre) for m in model.modules()]
+    hooks += [m.register_forward_hook(post) for m in model.modules()]
+    warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
+    tracker = MemTracker()
+    tracker.track_external(model, *optimizers)
+    try:
+        with tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            step()
+    finally:
+        for h in hooks:
+            h.remove()
+    dev = torch.device("cpu") if next(model.parameters()).device.type == "cpu" else next(model.parameters()).device
+
+    def ours(snap: Mapping) -> dict[str, int]:
+        return {str(getattr(k, "value", k)): int(v) for k, v in snap.get(dev, snap.get(str(dev), {})).items()}
+
+    for mod, i in unit_of.items():
+        stats = tracker.memory_tracking.get(mod) if mod is not None else None
+        points = stats.snapshots.get(_ModState.PEAK_BW) if stats is not None else None
+        if points and not any(True for _ in mod.children()):
+            s = ours(points[-1])
+            units[i]["backward"] = {k: s.get(v, 0) for k, v in
+                                    (("gradients", "Gradient"), ("activations", "Activation"), ("temporaries", "Temp"))}
+    peak = ours(tracker.get_tracker_snapshot("peak"))
+    return {
+        "version": PROFILE_VERSION,
+        "batch_size": batch_size,
+        "units": units,
+        "storages": list(storages.values()),
+        "segments": {
+            g: [{
+                "input_bytes": seg_inputs[g].get(i, [0, 0])[1],
+                "input_kind": seg_inputs[g].get(i, [0, 0, "batch"])[2],
+                "input_owner": storages.get(seg_inputs[g].get(i, [None])[0], [None])[0],
+                "param_bytes": sum(p.numel() * p.element_size() for p in seg.parameters()),
+            } for i, seg in enumerate(mods)]
+            for g, mods in segments.items()
+        },
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "largest_param_bytes": max(p.numel() * p.element_size() for p in model.parameters()),
+        "peak_bytes": {k: peak.get(v, 0) for k, v in (
+            ("parameters", "Parameter"), ("buffers", "Buffer"), ("gradients", "Gradient"),
+            ("optimizer_state", "Optstate"), ("activations", "Activation"), ("temporaries", "Temp"),
+            ("total", "Total"))},
+    }
