@@ -9,10 +9,12 @@ YAML (``trainer.callbacks``)::
   ``mem/peak_allocated_mib`` and ``mem/peak_reserved_mib`` are the peaks since then.
 * Any device: on one optimizer step (``anatomy_step``, default the first after the warm-up) every
   tensor is attributed by :class:`modelwright.measure.MemoryAnatomy` to parameters, gradients,
-  optimizer state, activations or temporaries; ``mem/<category>_mib`` is the breakdown at that step's
-  peak. The capture spans the whole accumulation cycle and slows that step down, so the step timer
-  leaves it out. On CPU, where there is no allocator peak, ``peak_allocated_mib`` is the capture's
-  peak total.
+  optimizer state, activations, temporaries, communication buffers or inputs (the dataset and the
+  batches, registered so that micro-batches fetched inside the capture are not activations);
+  ``mem/<category>_mib`` is the breakdown at that step's peak. The capture spans the whole accumulation
+  cycle and slows that step down, so the step timer leaves it out. On CPU, where there is no allocator
+  peak, ``peak_allocated_mib`` is the capture's peak total. A compiled network has no anatomy (the
+  tracker would see eager code); ``anatomy_caveat`` says so, or flags activations left after the step.
 * ``mem/process_rss_peak_mib`` is the process's resident-set high-water mark: not a tensor peak
   (glibc keeps freed pages), logged under its own name only.
 """
@@ -31,7 +33,7 @@ from modelwright.measure import (
     AnatomyUnavailable,
     MemoryAnatomy,
     StepCycle,
-    is_compiled,
+    Window,
     peak_memory_mib,
     process_rss_peak_mib,
     reset_peak_memory,
@@ -59,10 +61,10 @@ class MemoryMonitor(Callback):
         log_every_n_steps: int | None = None,
     ) -> None:
         super().__init__()
-        if warmup_steps < 0:
-            raise ValueError(f"MemoryMonitor.warmup_steps: must be >= 0, got {warmup_steps}")
-        if measure_steps is not None and measure_steps < 1:
-            raise ValueError(f"MemoryMonitor.measure_steps: must be >= 1 or null, got {measure_steps}")
+        try:
+            self.window = Window(warmup_steps, measure_steps)
+        except ValueError as err:
+            raise ValueError(f"MemoryMonitor.{err}") from None
         if anatomy_step is not None and anatomy_step < 0:
             raise ValueError(f"MemoryMonitor.anatomy_step: must be >= 0 or null, got {anatomy_step}")
         self.warmup_steps = warmup_steps
@@ -84,11 +86,6 @@ class MemoryMonitor(Callback):
 
     # -- the window ------------------------------------------------------------------------------
 
-    def _in_window(self, index: int) -> bool:
-        if index < self.warmup_steps:
-            return False
-        return self.measure_steps is None or index < self.warmup_steps + self.measure_steps
-
     def perturbs_step(self, step: int) -> bool:
         """Whether this callback slows optimizer step ``step`` down (the anatomy capture)."""
         return self.anatomy and self._capture_at is not None and step == self._capture_at
@@ -106,12 +103,13 @@ class MemoryMonitor(Callback):
         if not self.cycle.begin(trainer.global_step):
             if self._tracker is not None:  # a later micro-batch of the captured step
                 self._tracker.next_micro_batch()
+                self._tracker.register(batch, "inputs")
             return
         index = self.cycle.cycles  # 0-based index of the step that begins now
         if index == self.warmup_steps:
             reset_peak_memory(self.device)
         if self.anatomy and self.captured_step is None and trainer.global_step == self._capture_at:
-            self._start_capture(trainer, pl_module)
+            self._start_capture(trainer, pl_module, batch)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -123,7 +121,7 @@ class MemoryMonitor(Callback):
         if self._tracker is not None:
             self._stop_capture()
             scalars.update(self._anatomy_scalars())
-        if self._in_window(index):
+        if self.window.in_window(index):
             peaks = peak_memory_mib(self.device)
             if peaks["peak_allocated_mib"] is not None:
                 self.peak_allocated_mib = peaks["peak_allocated_mib"]
@@ -136,16 +134,20 @@ class MemoryMonitor(Callback):
 
     # -- the anatomy -----------------------------------------------------------------------------
 
-    def _start_capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if is_compiled(pl_module):
-            self.anatomy_caveat = "torch.compile: tensors made inside compiled graphs are not counted"
-            warnings.warn(f"MemoryMonitor: {self.anatomy_caveat}", stacklevel=2)
+    def _start_capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
         tracker = MemoryAnatomy(self.device, explicit_optimizer_update=True)
+        # An in-memory dataset (TensorDataset) is data, not activations, whenever the capture touches it.
+        dataset = getattr(getattr(trainer, "train_dataloader", None), "dataset", None)
+        tracker.register([getattr(dataset, "tensors", ()), batch], "inputs")
         try:
             tracker.start(pl_module, trainer.optimizers)
         except AnatomyUnavailable as err:
             warnings.warn(f"MemoryMonitor: no memory anatomy on this run: {err}", stacklevel=2)
             self.anatomy = False
+            return
+        if not tracker.active:  # not measured (a compiled network)
+            self.anatomy, self.anatomy_caveat = False, tracker.caveat
+            warnings.warn(f"MemoryMonitor: memory anatomy {tracker.caveat}", stacklevel=2)
             return
         self._tracker = tracker
 
@@ -164,6 +166,7 @@ class MemoryMonitor(Callback):
         self.captured_step = self.cycle.step
         self.anatomy_mib = tracker.peak_mib()
         self.anatomy_end_mib = tracker.end_mib()
+        self.anatomy_caveat = tracker.caveat
         if self.device.type != "cuda" and self.anatomy_mib is not None:
             self.peak_allocated_mib = self.anatomy_mib["total"]
 

@@ -1,15 +1,16 @@
-"""measure.py and record.py: timers with a mocked clock, exact byte counts, activation savings, FLOPs,
-the peak-FLOPs source and the run record's schema and files."""
+"""The instrument: timers with a mocked clock, exact byte counts, an anatomy free of data and communication
+artifacts, hand-computed FLOPs and the hardware peak (FLOP/cycle × clock, datasheet figures)."""
 
 from __future__ import annotations
 
 import json
-import warnings
-from pathlib import Path
+import os
+import socket
 
 import pytest
 import torch
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
 from modelwright import measure
 from modelwright.measure import (
@@ -17,29 +18,20 @@ from modelwright.measure import (
     MemoryAnatomy,
     StepCycle,
     StepTimer,
+    Window,
     compute_dtype,
     count_flops,
+    hardware_peak,
     meta_copy,
     mfu,
     percentile,
     resolve_peak_flops,
     training_flops,
 )
+from modelwright.measure import flops as flops_mod
+from modelwright.measure.memory import COMPILE_NOT_MEASURED
+from modelwright.record import DEFINITIONS_VERSION, SCHEMA
 from modelwright.train.models import apply_gradient_checkpointing, build_model
-from modelwright.record import (
-    SCHEMA,
-    RecordError,
-    append_record,
-    check_record,
-    new_record,
-    read_record,
-    read_records,
-    validate_record,
-    write_record,
-)
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 # -- timing ---------------------------------------------------------------------------------------
 
@@ -108,6 +100,15 @@ def test_step_timer_window_and_exclusions():
     assert timer.excluded_steps == 1
     assert timer.steps_seen == 6
     assert not timer.in_window(0) and timer.in_window(1) and timer.in_window(3) and not timer.in_window(4)
+
+
+def test_window_is_the_one_warmup_rule():
+    w = Window(warmup_steps=2, measure_steps=3)
+    assert [w.in_window(i) for i in range(6)] == [False, False, True, True, True, False]
+    assert Window(0).in_window(10**6)
+    for bad in ((-1, None), (0, 0)):
+        with pytest.raises(ValueError):
+            Window(*bad)
 
 
 def test_step_timer_without_measured_steps_reports_none():
@@ -212,10 +213,9 @@ def test_anatomy_parameters_gradients_optimizer_state_are_exact_byte_counts():
     peak = anatomy.peak_bytes
     assert peak["parameters"] == param_bytes
     assert peak["total"] == sum(v for k, v in peak.items() if k != "total")
-    assert anatomy.category_max_bytes["activations"] > 0
+    assert peak["total"] > end["total"]  # the step's transient tensors
     assert anatomy.peak_mib()["parameters"] == pytest.approx(param_bytes / MIB)
-    assert anatomy.category_max_bytes["total"] == peak["total"]
-    assert not anatomy.active
+    assert anatomy.caveat is None and not anatomy.active
     assert torch._C._len_torch_dispatch_stack() == 0  # the tracker left nothing behind
 
 
@@ -239,7 +239,7 @@ def test_anatomy_keeps_forward_inside_a_closure_out_of_optimizer_state():
     state_bytes = _nbytes(t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor))
     assert anatomy.end_bytes["optimizer_state"] == state_bytes
     # 512×256 fp32 hidden activations are far larger than the whole optimizer state.
-    assert anatomy.category_max_bytes["activations"] > 512 * 256 * 4
+    assert anatomy.peak_bytes["activations"] > 512 * 256 * 4
     assert anatomy.peak_bytes["optimizer_state"] <= 2 * state_bytes
 
 
@@ -299,6 +299,131 @@ def test_resnet18_block_checkpointing_cuts_deeper_than_stage():
     assert block < stage
 
 
+# The dataset of the accumulation test: 2048 images, 24 MiB, fetched through a DataLoader as a run does.
+_DATA_MIB = 2048 * 3 * 32 * 32 * 4 / MIB
+
+
+def _smallcnn_step_anatomy(micro: int, fetch_inside: bool) -> MemoryAnatomy:
+    """One optimizer step of ``micro`` micro-batches of 32 under a capture, the batches read from a TensorDataset."""
+    torch.manual_seed(0)
+    model = build_model("smallcnn")
+    opt = torch.optim.AdamW(model.parameters())
+    loader = iter(DataLoader(TensorDataset(torch.randn(2048, 3, 32, 32), torch.randint(0, 10, (2048,))), 32))
+
+    def step(anatomy: MemoryAnatomy | None = None, first=None) -> None:
+        for i in range(micro):
+            x, y = first if i == 0 and first is not None else next(loader)
+            if anatomy is not None and i:
+                anatomy.next_micro_batch()
+            (nn.functional.cross_entropy(model(x), y) / micro).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    anatomy = MemoryAnatomy("cpu")
+    first = None if fetch_inside else next(loader)
+    with anatomy.capture(model, [opt]):
+        step(anatomy, first)
+    return anatomy
+
+
+def test_accumulation_data_fetched_inside_the_capture_is_inputs_not_activations():
+    # Issue 12.2: indexing a TensorDataset gives views of its whole storage; fetched inside the capture they
+    # were filed as 24 MiB of activations, alive after the step.
+    single = _smallcnn_step_anatomy(1, fetch_inside=False)
+    accumulated = _smallcnn_step_anatomy(4, fetch_inside=True)
+    act = single.peak_mib()["activations"]
+    assert act > 20  # smallcnn at batch 32: about 51 MiB, so the comparison below means something
+    assert accumulated.peak_mib()["activations"] == pytest.approx(act, abs=1.0)
+    assert accumulated.end_mib()["activations"] < 1.0 and accumulated.caveat is None
+    peak = accumulated.peak_mib()
+    assert peak["inputs"] >= _DATA_MIB  # the data is reported, apart
+    assert peak["total"] == pytest.approx(sum(v for k, v in peak.items() if k not in ("total", "inputs")))
+
+
+def test_activations_left_after_the_step_flag_the_anatomy():
+    model = _mlp()
+    anatomy = MemoryAnatomy("cpu")
+    with anatomy.capture(model):
+        model(torch.randn(8, 64)).sum().backward()
+        kept = torch.zeros(2 * MIB // 4)  # 2 MiB made inside the step and kept beyond it
+    assert kept.numel() and anatomy.end_mib()["activations"] >= 2.0
+    assert anatomy.caveat is not None and "MiB of activations alive after the step" in anatomy.caveat
+
+
+def test_register_moves_a_tensor_out_of_activations_even_at_the_peak():
+    model = _mlp()
+    anatomy = MemoryAnatomy("cpu")
+    with anatomy.capture(model):
+        batch = torch.randn(4 * MIB // 4)  # 4 MiB, made inside: an activation until registered
+        model(torch.randn(8, 64)).sum().backward()
+        anatomy.register({"x": batch}, "inputs")
+    assert anatomy.peak_mib()["inputs"] == pytest.approx(4.0)
+    assert anatomy.peak_mib()["activations"] < 1.0 and anatomy.end_mib()["activations"] < 1.0
+    with pytest.raises(ValueError, match="unknown anatomy category"):
+        anatomy.register(batch, "data")
+
+
+def test_a_compiled_module_is_not_measured():
+    # Issue 12.4: under the tracker (a TorchDispatchMode) torch.compile runs eagerly, so its figures would be eager.
+    model = _mlp()
+    model.compile()
+    anatomy = MemoryAnatomy("cpu")
+    with anatomy.capture(model):  # running it would only spend seconds compiling
+        assert not anatomy.active
+    assert anatomy.peak_mib() is None and anatomy.end_mib() is None
+    assert anatomy.caveat == COMPILE_NOT_MEASURED and anatomy.caveat.startswith("not measured")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_anatomy_worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        model = DistributedDataParallel(net)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(16, 512)
+        for step in range(3):
+            anatomy = MemoryAnatomy("cpu") if step == 2 else None
+            if anatomy:
+                anatomy.start(model, [opt])
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if anatomy:
+                anatomy.stop()
+        if rank == 0:
+            param_bytes = sum(p.numel() * p.element_size() for p in net.parameters())
+            json.dump({"params": param_bytes, "peak": anatomy.peak_bytes, "end": anatomy.end_bytes}, open(out, "w"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_gradient_buckets_are_communication_buffers(tmp_path):
+    # Issue 12.3: DDP's buckets (4 B x parameters) were filed as activations or temporaries.
+    import torch.multiprocessing as mp
+
+    out = tmp_path / "anatomy.json"
+    mp.spawn(_ddp_anatomy_worker, args=(_free_port(), str(out)), nprocs=2)
+    got = json.loads(out.read_text())
+    params = got["params"]  # 6.05 MiB
+    for view in ("peak", "end"):
+        assert got[view]["comm_buffers"] == pytest.approx(params, rel=0.01), view
+    # What is left in backward's own categories is a weight gradient's temporary (2 MiB), not the buckets.
+    assert got["peak"]["temporaries"] + got["peak"]["activations"] < 0.5 * params
+    assert got["end"]["temporaries"] + got["end"]["activations"] < MIB
+
+
 # -- FLOPs and peak FLOP/s ------------------------------------------------------------------------
 
 
@@ -346,31 +471,115 @@ def test_compute_dtype_and_mfu():
     assert mfu(None, 3.0, 238e9) is None and mfu(426e9, 3.0, None) is None
 
 
-def test_peak_flops_sources_in_order_and_the_measured_peak_is_cached(tmp_path, monkeypatch):
-    cache = tmp_path / "peak_flops.json"
-    calls = []
+def test_conv_flops_match_a_hand_count():
+    n, cin, cout, h, w, k = 2, 3, 8, 16, 16, 3
+    conv = nn.Conv2d(cin, cout, k, padding=1, bias=False)
+    forward = 2 * n * h * w * cout * cin * k * k  # a multiply-add per weight per output pixel
+    assert count_flops(lambda: conv(torch.randn(n, cin, h, w))) == forward == 221_184
+    # Training: forward and the weight gradient (same size); the input needs no gradient.
+    assert training_flops(conv, torch.randn(n, cin, h, w)) == 2 * forward
 
-    def fake_measure(device, dtype, n=None, **_):
-        calls.append((str(device), dtype, n))
-        return 1.5e11 if dtype is torch.float32 else 0.8e11
 
-    monkeypatch.setattr(measure, "measure_matmul_peak", fake_measure)
-    assert resolve_peak_flops("cpu", torch.float32, table_value=9e14, config_value=1e11) == (9e14, "lightning-table")
+def test_mfu_of_resnet18_step_against_the_zen4_hardware_peak():
+    # The study's baseline step: 426,111,664,128 FLOPs in 2.03 s on 2 Zen 4 cores at 3.65 GHz.
+    assert mfu(426_111_664_128, 2.03, 2 * 32 * 3.65e9) == pytest.approx(0.8986, abs=1e-4)
+
+
+def _info(flags: str, vendor: str = "GenuineIntel", family: int = 6) -> dict:
+    return {"flags": flags, "vendor_id": vendor, "cpu family": str(family)}
+
+
+@pytest.mark.parametrize(
+    ("info", "dtype", "per_cycle"),
+    [
+        (_info("avx avx2 fma"), torch.float32, 32),
+        (_info("avx avx2 fma", "AuthenticAMD", 25), torch.bfloat16, 32),  # Zen 3: no bf16 instructions
+        (_info("avx2 fma avx512f avx512_bf16", "AuthenticAMD", 25), torch.float32, 32),  # Zen 4: 256-bit FMAs
+        (_info("avx2 fma avx512f avx512_bf16", "AuthenticAMD", 25), torch.bfloat16, 64),
+        (_info("avx2 fma avx512f", "AuthenticAMD", 26), torch.float32, 64),  # Zen 5: full 512-bit units
+        (_info("avx2 fma avx512f avx512_bf16"), torch.float32, 64),  # Xeon, 2 FMA units
+        (_info("avx2 fma avx512f avx512_bf16"), torch.bfloat16, 128),
+        (_info("avx2 fma avx512f avx512_bf16 amx_bf16"), torch.bfloat16, 1024),
+        (_info("avx2 fma avx512f"), torch.float64, 32),
+        (_info("sse2"), torch.float32, None),
+    ],
+)
+def test_cpu_flop_per_cycle_follows_the_instruction_set(info, dtype, per_cycle):
+    assert flops_mod._cpu_flop_per_cycle(dtype, info)[0] == per_cycle
+
+
+def test_cpu_hardware_peak_is_cores_times_flop_per_cycle_times_clock(monkeypatch, tmp_path):
+    monkeypatch.setattr(flops_mod, "cpuinfo", lambda: _info("avx2 fma avx512f avx512_bf16", "AuthenticAMD", 25))
+    monkeypatch.setattr(flops_mod, "cpu_clock_hz", lambda cache_path=None: (3.65e9, "test clock"))
+    monkeypatch.setattr(flops_mod, "physical_cores", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    peak = hardware_peak("cpu", torch.float32)
+    assert peak.flops_per_s == pytest.approx(233.6e9) and peak.source == "cpu-isa-clock"
+    assert "2 cores x 32 float32 FLOP/cycle" in peak.method and "3.65 GHz (test clock)" in peak.method
+    assert hardware_peak("cpu", torch.bfloat16).flops_per_s == pytest.approx(467.2e9)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # a DDP rank on half the cores
+    assert hardware_peak("cpu", torch.float32).flops_per_s == pytest.approx(116.8e9)
     assert resolve_peak_flops("cpu", torch.float32, config_value=1e11) == (1e11, "config")
-    assert resolve_peak_flops("cpu", torch.float32, measure=False) == (None, None)
-    got = resolve_peak_flops("cpu", torch.float32, cache_path=cache)
-    assert got == (1.5e11, "measured-matmul")
-    assert resolve_peak_flops("cpu", torch.float32, cache_path=cache) == got  # from the cache
-    # On a CPU a bf16 run is held to the faster of the bf16 and fp32 matmul peaks.
-    assert resolve_peak_flops("cpu", torch.bfloat16, cache_path=cache) == (1.5e11, "measured-matmul")
-    assert len(calls) == 2  # once per dtype
-    keys = json.loads(cache.read_text())
-    assert any("|float32|" in k for k in keys) and any("|bfloat16|" in k for k in keys)
+    assert resolve_peak_flops("cpu", torch.float32) == (pytest.approx(116.8e9), "cpu-isa-clock")
 
 
-def test_measured_matmul_peak_is_plausible():
-    flops = measure.measure_matmul_peak("cpu", torch.float32, n=256, repeats=3)
-    assert 1e8 < flops < 1e14
+def test_the_clock_cache_carries_its_method_and_definitions(monkeypatch, tmp_path):
+    monkeypatch.setenv("MODELWRIGHT_CACHE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(flops_mod, "_timed_add_loop_hz", lambda: calls.append(1) or 3.0e9)
+    assert flops_mod.cpu_clock_hz() == (3.0e9, flops_mod.CLOCK_METHOD)
+    assert flops_mod.cpu_clock_hz()[0] == 3.0e9 and len(calls) == 1  # cached under $MODELWRIGHT_CACHE_DIR
+    path = tmp_path / "cpu_clock.json"
+    cache = json.loads(path.read_text())
+    (entry,) = cache.values()
+    assert entry == {"clock_hz": 3.0e9, "method": flops_mod.CLOCK_METHOD, "definitions": DEFINITIONS_VERSION}
+    entry["definitions"] = DEFINITIONS_VERSION - 1  # an older definition is measured again
+    path.write_text(json.dumps(cache))
+    flops_mod.cpu_clock_hz()
+    assert len(calls) == 2
+
+
+@pytest.mark.skipif(flops_mod._timed_add_loop_hz() is None, reason="needs x86-64 Linux with executable pages")
+def test_measured_clock_agrees_with_the_time_stamp_counter():
+    # Independent of the loop: Linux's BogoMIPS on x86 is twice the TSC rate, which runs at the base clock.
+    # A running core is between a little under base and about twice base; a wrong adds-per-cycle count is not.
+    bogomips = float(measure.facts.cpuinfo().get("bogomips", 0))
+    if not bogomips:
+        pytest.skip("no bogomips in /proc/cpuinfo")
+    assert 0.8 * bogomips / 2 * 1e6 <= flops_mod._timed_add_loop_hz() <= 2.0 * bogomips / 2 * 1e6
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """Pretend to be a GPU of the given name and compute capability."""
+
+    def pretend(name: str, capability=(9, 0), matmul="highest", cudnn_tf32=False):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(flops_mod, "device_name", lambda device: name)
+        monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: matmul)
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", cudnn_tf32)
+
+    return pretend
+
+
+def test_gpu_peak_is_the_dense_datasheet_figure_with_tf32_stated(gpu):
+    gpu("NVIDIA H200")
+    peak = hardware_peak("cuda", torch.bfloat16)
+    assert (peak.flops_per_s, peak.source) == (989.4e12, "datasheet")  # dense, not the 2-sparsity 1979
+    assert hardware_peak("cuda", torch.float32).flops_per_s == 66.9e12
+    assert "TF32 allowed for matmul: no, for cuDNN convolutions: no" in hardware_peak("cuda", torch.float32).method
+    gpu("NVIDIA H100 80GB HBM3", matmul="high")
+    assert hardware_peak("cuda", torch.float32).flops_per_s == 494.7e12
+    gpu("NVIDIA A100-SXM4-80GB", capability=(8, 0), cudnn_tf32=True)
+    peak = hardware_peak("cuda", torch.float32)
+    assert peak.flops_per_s == 156e12 and "cuDNN convolutions: yes" in peak.method
+    gpu("Tesla V100-SXM2-16GB", capability=(7, 0), matmul="high")
+    assert hardware_peak("cuda", torch.float32).flops_per_s == 15.7e12  # no TF32 before Ampere
+    for unknown in ("NVIDIA L40S", "NVIDIA H100 NVL"):
+        gpu(unknown)
+        assert hardware_peak("cuda", torch.bfloat16).flops_per_s is None
+    assert resolve_peak_flops("cuda", torch.bfloat16, table_value=7e14) == (7e14, "lightning-table")
 
 
 def test_hardware_and_versions_cover_the_schema():
@@ -408,187 +617,3 @@ def test_cuda_peak_window_and_event_timer():
     assert timer.measured_steps == 2 and timer.median_s() > 0
 
 
-# -- the run record -------------------------------------------------------------------------------
-
-
-def _full_record() -> dict:
-    r = new_record(run_id="r-1")
-    r["config"] = {"trainer": {"precision": "16-mixed"}}
-    r["techniques"].update(
-        model_name="resnet18",
-        precision="bf16-mixed",
-        precision_requested="16-mixed",
-        accumulate_grad_batches=4,
-        gradient_checkpointing="block",
-        optimizer="adamw",
-        optimizer_impl="torch.optim.AdamW[for-loop]",
-        channels_last=False,
-        compile=False,
-        strategy="ddp",
-        world_size=2,
-        num_nodes=1,
-        micro_batch_size=32,
-        effective_batch_size=256,
-    )
-    r["hardware"].update(measure.hardware_info("cpu", num_devices=2))
-    r["versions"].update(measure.versions())
-    r["timing"].update(
-        warmup_steps=2,
-        measured_steps=10,
-        step_time_median_ms=3000.0,
-        step_time_p90_ms=3100.0,
-        step_time_min_ms=2900.0,
-        step_time_max_ms=3200.0,
-        steps_per_epoch=16,
-        epoch_time_s=48.0,
-        samples_per_s=85.3,
-        wall_time_s=60.0,
-    )
-    r["flops"].update(
-        flops_per_step=426e9,
-        achieved_flops_per_s=142e9,
-        peak_flops_per_s=135e9,
-        peak_flops_source="measured-matmul",
-        mfu=1.05,
-    )
-    r["memory"].update(
-        peak_allocated_mib=363.0,
-        peak_reserved_mib=None,
-        anatomy_step=2,
-        anatomy_mib={
-            "parameters": 42.6,
-            "buffers": 0.0,
-            "gradients": 42.6,
-            "optimizer_state": 85.3,
-            "activations": 180.0,
-            "temporaries": 12.5,
-            "other": 0.0,
-            "total": 363.0,
-        },
-        model_parameters=11_173_962,
-        rss_peak_mib=1500.0,
-    )
-    r["metrics"].update({"train/loss": 1.2, "train/acc": 0.6, "val/loss": 1.3, "val/acc": 0.55})
-    r["history"] = {"train/loss": [[4, 2.0], [8, 1.2]], "val/acc": [[8, 0.55]]}
-    return r
-
-
-def test_new_and_full_records_validate():
-    assert validate_record(new_record()) == []
-    check_record(_full_record())
-
-
-@pytest.mark.parametrize(
-    ("mutate", "message"),
-    [
-        (lambda r: r.pop("timing"), "timing: missing"),
-        (lambda r: r["timing"].pop("step_time_median_ms"), "timing.step_time_median_ms: missing"),
-        (lambda r: r.update(status="crashed"), "status:"),
-        (lambda r: r.update(schema_version=2), "schema_version:"),
-        (lambda r: r["timing"].update(step_time_median_ms="3 s"), "timing.step_time_median_ms: expected"),
-        (lambda r: r["memory"].update(peak_allocated_mib=-1.0), "negative"),
-        (lambda r: r["memory"]["anatomy_mib"].pop("activations"), "anatomy_mib.activations: missing"),
-        (lambda r: r["flops"].update(peak_flops_source="guess"), "peak_flops_source"),
-        (lambda r: r["techniques"].update(effective_batch_size=128), "effective_batch_size"),
-        (lambda r: r["techniques"].update(world_size=True), "world_size"),
-        (lambda r: r.update(status="failed", error=None), "error:"),
-        (lambda r: r["history"]["train/loss"].append([3, 1.0]), "history.train/loss[2]"),
-        (lambda r: r["metrics"].update({"val/acc": float("nan")}), "non-finite"),
-    ],
-)
-def test_invalid_records_are_reported(mutate, message):
-    r = _full_record()
-    mutate(r)
-    errors = validate_record(r)
-    assert any(message in e for e in errors), errors
-    with pytest.raises(RecordError):
-        check_record(r)
-
-
-def test_write_record_is_atomic_and_refuses_invalid_records(tmp_path):
-    path = tmp_path / "runs" / "record.json"
-    record = _full_record()
-    record["metrics"]["train/loss"] = float("nan")  # a diverged loss: written as null
-    write_record(path, record)
-    back = read_record(path)
-    assert back["metrics"]["train/loss"] is None and back["run_id"] == "r-1"
-    bad = _full_record()
-    bad["status"] = "crashed"
-    with pytest.raises(RecordError):
-        write_record(path, bad)
-    assert read_record(path)["status"] == "ok"  # the old file is untouched
-    assert sorted(p.name for p in path.parent.iterdir()) == ["record.json"]  # no temp files left
-
-
-def test_append_and_read_records_skip_damaged_lines(tmp_path):
-    path = tmp_path / "records.jsonl"
-    for i in range(3):
-        r = _full_record()
-        r["run_id"] = f"r-{i}"
-        append_record(path, r)
-    text = path.read_text()
-    assert text.count("\n") == 3 and all(json.loads(line) for line in text.splitlines())
-    with path.open("a") as f:
-        f.write('{"run_id": "torn", "status": "o\n')  # a torn write
-        f.write("[1, 2]\n")
-    append_record(path, _full_record())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        records = read_records(path)
-    assert [r["run_id"] for r in records] == ["r-0", "r-1", "r-2", "r-1"]
-    messages = [str(w.message) for w in caught]
-    assert len(messages) == 2
-    assert "records.jsonl:4: skipped damaged" in messages[0]
-    assert "records.jsonl:5: skipped" in messages[1]
-
-
-def test_schema_document_names_every_key():
-    doc = (REPO / "docs" / "record-schema.md").read_text()
-
-    def keys(spec, prefix=""):
-        for k, v in spec.items():
-            yield prefix + k
-            if isinstance(v, dict):
-                yield from keys(v, prefix + k + ".")
-
-    missing = [k for k in keys(SCHEMA) if f"`{k.split('.')[-1]}`" not in doc]
-    assert not missing, f"docs/record-schema.md lacks {missing}"
-
-
-def test_cpu_peak_is_the_fastest_of_blas_matmul_and_onednn_convolutions(monkeypatch):
-    """On a CPU whose BLAS sgemm is slow a convolution sets the peak (and vice versa): the best FLOP/s wins."""
-    gen = torch.Generator().manual_seed(0)
-    kernels = measure._gemm_kernels(torch.device("cpu"), torch.float32, 128, gen)
-    assert set(kernels) == {"matmul", "conv1x1", "conv3x3"}
-    assert kernels["matmul"][0]().shape == (128, 128) and kernels["matmul"][1] == 2 * 128**3
-    assert kernels["conv1x1"][0]().shape == (1, 128, 32, 4) and kernels["conv1x1"][1] == 2 * 128**3
-    # 3×3 over 128 pixels with 32 channels in and out: 2 · pixels · (32·9) · 32 FLOPs
-    assert kernels["conv3x3"][0]().shape == (1, 32, 32, 4) and kernels["conv3x3"][1] == 2 * 128 * 32 * 9 * 32
-
-    for seconds, fastest in (({"matmul": 0.5, "conv1x1": 2.0, "conv3x3": 2.0}, 1.0 / 0.5),
-                             ({"matmul": 2.0, "conv1x1": 4.0, "conv3x3": 0.25}, 0.5 / 0.25)):
-        flops = {"matmul": 1.0, "conv1x1": 1.0, "conv3x3": 0.5}
-        clock = _KernelClock(seconds, flops)
-        monkeypatch.setattr(measure, "_gemm_kernels", clock.kernels)
-        got = measure.measure_matmul_peak("cpu", torch.float32, n=128, repeats=2, clock=clock)
-        assert got == pytest.approx(fastest)
-
-
-class _KernelClock:
-    """A clock whose reading advances by the duration of the kernel last run, at each stop of a start/stop pair."""
-
-    def __init__(self, durations: dict[str, float], flops: dict[str, float]) -> None:
-        self.durations, self.flops, self.t, self.running, self.starting = durations, flops, 0.0, None, True
-
-    def kernels(self, device, dtype, n, gen):
-        def make(name):
-            def run():
-                self.running = name
-            return run
-        return {name: (make(name), self.flops[name]) for name in self.durations}
-
-    def __call__(self) -> float:
-        if not self.starting:
-            self.t += self.durations[self.running]
-        self.starting = not self.starting
-        return self.t

@@ -1,191 +1,255 @@
-"""The run record: one JSON object per run, whatever loop produced it; its schema, validation and files.
+"""The run record: one JSON object per run, whatever loop produced it; its typed schema, validation and files.
 
-The schema is :data:`SCHEMA` (documented key by key in ``docs/record-schema.md``). Every key it names
-is present in a valid record; a value may be ``None`` where the field allows it (not measured, not
-applicable). Extra keys are allowed, so a writer can add facts without breaking readers; renaming or
-removing a key needs a new :data:`SCHEMA_VERSION`.
+To run (regenerates docs/record-schema.md from the schema): ``uv run python -m modelwright.record``
 
-Files:
-
-* :func:`write_record`: one record, written atomically (temp file + ``os.replace``);
-* :func:`append_record`: one line of a ``.jsonl`` file, appended with a single ``O_APPEND`` write;
-* :func:`read_records`: the records of a ``.jsonl`` file; damaged lines are skipped with a warning.
-
-Non-finite floats (a diverged loss) are written as ``null``: JSON has no NaN.
+The schema is :class:`RunRecord` and its section dataclasses; every field carries its doc and unit, and
+``docs/record-schema.md`` is written from them by :func:`schema_markdown`. Every key is present in a
+valid record (optional sections aside); a value may be ``None`` where the field allows it. Extra keys
+are allowed; renaming or removing a key needs a new :data:`SCHEMA_VERSION`. Non-finite floats (a
+diverged loss) are written as ``null``: JSON has no NaN.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import math
 import os
 import tempfile
+import types
+import typing
 import uuid
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
 #: Bumped when what a figure means changes (the MFU peak, the anatomy categories): records of different
-#: definitions are not put in one table.
-DEFINITIONS_VERSION = 2
+#: definitions are not put in one table. 3: MFU against the hardware peak; inputs and comm_buffers categories.
+DEFINITIONS_VERSION = 3
 STATUSES = ("ok", "failed", "diverged", "interrupted", "oom")
 LOOPS = ("lightning", "accelerate", "raw")
-PEAK_FLOPS_SOURCES = ("lightning-table", "config", "measured-matmul", None)
-#: Where tensor memory goes; ``ANATOMY_KEYS`` adds their sum, ``total``.
-ANATOMY_CATEGORIES = (
-    "parameters",
-    "buffers",
-    "gradients",
-    "optimizer_state",
-    "activations",
-    "temporaries",
-    "other",
-)
+PEAK_FLOPS_SOURCES = ("datasheet", "cpu-isa-clock", "config", "lightning-table", "measured-matmul", None)
+#: Where tensor memory goes; ``ANATOMY_KEYS`` adds ``total``, the sum of all but ``inputs``.
+ANATOMY_CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries",
+                      "comm_buffers", "inputs", "other")
 ANATOMY_KEYS = (*ANATOMY_CATEGORIES, "total")
 METRIC_KEYS = ("train/loss", "train/acc", "val/loss", "val/acc")
 
 
 class RecordError(ValueError):
-    """A record that does not match :data:`SCHEMA`; the message lists every problem, one per line."""
+    """A record that does not match the schema; the message lists every problem, one per line."""
 
 
-@dataclass(frozen=True)
+def _f(doc: str, unit: str | None = None, *, choices: tuple | None = None, nonneg: bool = False,
+       key: str | None = None, optional: bool = False, default: Any = None) -> Any:
+    """A schema field: its doc and unit, allowed values, sign, JSON key (if not its name), whether it may be absent."""
+    meta = {"doc": doc, "unit": unit, "choices": choices, "nonneg": nonneg, "key": key, "optional": optional}
+    if isinstance(default, type):
+        return dataclasses.field(default_factory=default, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass
+class Techniques:
+    """The techniques **as applied** (read from the run, not only the config)."""
+
+    model_name: str | None = _f("Network: resnet18, smallcnn, vit.")
+    precision: str | None = _f("Precision as applied, e.g. bf16-mixed (Lightning turns 16-mixed into bf16 on CPU).")
+    precision_requested: str | None = _f("Precision as configured; null if unknown.")
+    accumulate_grad_batches: int | None = _f("Micro-batches per optimizer step.", nonneg=True)
+    gradient_checkpointing: str | None = _f("Checkpoint granularity: off, stage or block.")
+    optimizer: str | None = _f("Optimizer as configured: adamw, sgd.")
+    optimizer_impl: str | None = _f("Optimizer class that ran and its kernel: [for-loop], [foreach] or [fused].")
+    channels_last: bool | None = _f("Whether conv weights are in channels_last memory format.")
+    compile: bool | str | None = _f("Whether the network runs through torch.compile (or the mode name).")
+    strategy: str | None = _f("single_device, ddp, fsdp, model_parallel, ...")
+    world_size: int | None = _f("Processes training together.", "processes", nonneg=True)
+    num_nodes: int | None = _f("Machines taking part.", "machines", nonneg=True)
+    micro_batch_size: int | None = _f("Samples per device per forward pass.", "samples", nonneg=True)
+    effective_batch_size: int | None = _f("Samples per optimizer step = micro × accumulate × world_size (checked).",
+                                          "samples", nonneg=True)
+
+
+@dataclasses.dataclass
+class Hardware:
+    """The machine of rank 0."""
+
+    accelerator: str | None = _f("Device type: cpu, cuda, mps, ...")
+    device_name: str | None = _f("GPU name, or the CPU model on a CPU run.")
+    device_memory_mib: float | None = _f("The GPU's memory, or the machine's RAM on a CPU run.", "MiB", nonneg=True)
+    cpu_model: str | None = _f("CPU model name (/proc/cpuinfo).")
+    cpu_cores: int | None = _f("Logical CPUs of the machine.", nonneg=True)
+    num_devices: int | None = _f("Devices this run used per node.", nonneg=True)
+
+
+@dataclasses.dataclass
+class Versions:
+    """Software versions; ``cuda`` is the CUDA version PyTorch was built with (set for a CUDA build without a GPU)."""
+
+    python: str | None = _f("Python version.")
+    torch: str | None = _f("PyTorch version.")
+    lightning: str | None = _f("Lightning version (null if not installed).")
+    torchvision: str | None = _f("torchvision version.")
+    accelerate: str | None = _f("Hugging Face Accelerate version.")
+    cuda: str | None = _f("CUDA version PyTorch was built with (null for a CPU build).")
+
+
+@dataclasses.dataclass
+class Timing:
+    """A step is timed from its first micro-batch's start to its last one's end, the device synchronized before each
+    clock reading (CUDA events on GPU). The warm-up steps and the step whose anatomy is captured are left out."""
+
+    warmup_steps: int | None = _f("Optimizer steps excluded before the window.", "steps", nonneg=True)
+    measured_steps: int | None = _f("Optimizer steps timed in the window.", "steps", nonneg=True)
+    step_time_median_ms: float | None = _f("Median time of one optimizer step (all its micro-batches).", "ms",
+                                           nonneg=True)
+    step_time_p90_ms: float | None = _f("90th percentile of step time (linear interpolation).", "ms", nonneg=True)
+    step_time_min_ms: float | None = _f("Fastest measured step.", "ms", nonneg=True)
+    step_time_max_ms: float | None = _f("Slowest measured step.", "ms", nonneg=True)
+    steps_per_epoch: int | None = _f("Optimizer steps per training epoch.", "steps", nonneg=True)
+    epoch_time_s: float | None = _f("steps_per_epoch × median step time (training only).", "s", nonneg=True)
+    samples_per_s: float | None = _f("effective_batch_size ÷ median step time.", "samples/s", nonneg=True)
+    wall_time_s: float | None = _f("Wall-clock time of the whole fit, validation included.", "s", nonneg=True)
+
+
+@dataclasses.dataclass
+class Flops:
+    """FLOPs are counted once by PyTorch's flop counter on a meta-device copy (model FLOPs: no recomputation).
+    MFU divides by the **hardware** peak, never by a measured kernel."""
+
+    flops_per_step: float | None = _f("FLOPs of one optimizer step on one device (forward + backward).", "FLOP",
+                                      nonneg=True)
+    achieved_flops_per_s: float | None = _f("flops_per_step ÷ median step time, per device.", "FLOP/s", nonneg=True)
+    peak_flops_per_s: float | None = _f("Hardware peak of one device in the compute dtype.", "FLOP/s", nonneg=True)
+    peak_flops_source: str | None = _f(
+        "datasheet (a GPU's dense figure), cpu-isa-clock (cores × FLOP/cycle × clock) or config; "
+        "lightning-table and measured-matmul are older definitions.", choices=PEAK_FLOPS_SOURCES)
+    peak_flops_method: str | None = _f("The arithmetic behind the peak (cores, FLOP/cycle, clock and how it was "
+                                       "found; TF32 use on a GPU).", optional=True)
+    mfu: float | None = _f("Model FLOPs utilisation: achieved ÷ peak.", "fraction", nonneg=True)
+
+
+@dataclasses.dataclass
+class Memory:
+    """Peak tensor memory and the anatomy of one captured step (``MemoryAnatomy``: PyTorch's MemTracker).
+    Anatomy categories: parameters, buffers, gradients, optimizer_state, activations (made in forward),
+    temporaries (made in backward), comm_buffers (handed to an all-reduce: DDP's gradient buckets), inputs
+    (the data: dataset storage and batches; not in ``total``), other; ``total`` sums all but inputs."""
+
+    peak_allocated_mib: float | None = _f("CUDA max_memory_allocated over the window; else the anatomy's total.",
+                                          "MiB", nonneg=True)
+    peak_reserved_mib: float | None = _f("CUDA max_memory_reserved over the window; null on CPU.", "MiB",
+                                         nonneg=True)
+    anatomy_step: int | None = _f("Optimizer step whose anatomy was captured.", "step", nonneg=True)
+    anatomy_mib: dict | None = _f("Tensor memory by category at the captured step's peak; null if not measured.",
+                                  "MiB")
+    anatomy_end_mib: dict | None = _f("The same categories when the captured step ended.", "MiB", optional=True)
+    anatomy_caveat: str | None = _f("Null, or why the anatomy is absent (not measured: torch.compile) or suspect "
+                                    "(activations above 1 MiB alive after the step).", optional=True)
+    model_parameters: int | None = _f("Number of model parameters (elements).", "parameters", nonneg=True)
+    rss_peak_mib: float | None = _f("Process RSS high-water mark: not a tensor peak (allocators keep freed pages).",
+                                    "MiB", nonneg=True)
+
+
+@dataclasses.dataclass
+class Metrics:
+    """Final values; every other scalar Lightning logged (not perf/ or mem/) is added under its own name."""
+
+    train_loss: float | None = _f("Last logged training loss (of a micro-batch).", key="train/loss")
+    train_acc: float | None = _f("Last logged training accuracy.", key="train/acc")
+    val_loss: float | None = _f("Loss of the last validation.", key="val/loss")
+    val_acc: float | None = _f("Accuracy of the last validation.", key="val/acc")
+
+
+@dataclasses.dataclass
+class Provenance:
+    """Where the record came from: reports refuse to mix commits or definitions in one table."""
+
+    commit: str | None = _f("Git commit of the checkout.")
+    dirty: bool | None = _f("Whether tracked files had uncommitted changes.")
+    command: str | None = _f("The command line that produced the record.")
+    definitions: int | None = _f("DEFINITIONS_VERSION: what MFU and the anatomy categories mean.", nonneg=True)
+
+
+@dataclasses.dataclass
+class RunRecord:
+    """One run."""
+
+    schema_version: int = _f("Version of this schema; readers check it.", choices=(SCHEMA_VERSION,),
+                             default=SCHEMA_VERSION)
+    run_id: str = _f("Unique id of the run (the caller's, or UTC time + random suffix).", default="")
+    status: str = _f("How the run ended.", choices=STATUSES, default="ok")
+    error: str | None = _f("One line, Type: message, for every status but ok (may be set for diverged).")
+    loop: str = _f("The training loop that produced the record.", choices=LOOPS, default="lightning")
+    created_at: str = _f("When the record was written, ISO 8601 with UTC offset.", default="")
+    config: dict = _f("The resolved configuration (LightningCLI's), or {}.", default=dict)
+    techniques: Techniques = _f("Below.", default=Techniques)
+    hardware: Hardware = _f("Below.", default=Hardware)
+    versions: Versions = _f("Below.", default=Versions)
+    timing: Timing = _f("Below.", default=Timing)
+    flops: Flops = _f("Below.", default=Flops)
+    memory: Memory = _f("Below.", default=Memory)
+    metrics: Metrics = _f("Below.", default=Metrics)
+    history: dict = _f("Metric name → [[optimizer step, value], ...] in step order.", default=dict)
+    provenance: Provenance = _f("Below.", default=Provenance)
+    faults: dict | None = _f("The NonFiniteLossGuard's summary.", optional=True)
+    profile: dict | None = _f("The planner's measured profile of the run.", optional=True)
+    prediction: dict | None = _f("What the planner predicted for the run.", optional=True)
+    study: dict | None = _f("The study's facts about the run (name, repeat, command).", optional=True)
+
+
+@dataclasses.dataclass(frozen=True)
 class Field:
-    """One leaf of the schema.
-
-    Args:
-        types: the accepted value types; ``None`` in the tuple allows null. ``float`` accepts ints too
-            (never bools).
-        doc: what the value means, for ``docs/record-schema.md``.
-        unit: the unit, where there is one (also in the key's name).
-        choices: the allowed values, if the field is an enumeration.
-        nonneg: numbers must be >= 0.
-    """
+    """One leaf of :data:`SCHEMA`: accepted types (``None`` allows null) and the field's metadata."""
 
     types: tuple
     doc: str
     unit: str | None = None
     choices: tuple | None = None
     nonneg: bool = False
+    optional: bool = False
 
 
-_S = (str,)
-_SN = (str, None)
-_I = (int,)
-_IN = (int, None)
-_FN = (float, None)
-_BN = (bool, None)
+def _types(hint: Any) -> tuple:
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+    return tuple(None if a is type(None) else (typing.get_origin(a) or a) for a in args)
 
 
-def _num(doc: str, unit: str | None = None, nullable: bool = True) -> Field:
-    return Field((float, None) if nullable else (float,), doc, unit, nonneg=True)
+def _spec(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        m, hint = f.metadata, hints[f.name]
+        key = m["key"] or f.name
+        out[key] = _spec(hint) if dataclasses.is_dataclass(hint) else Field(
+            _types(hint), m["doc"], m["unit"], m["choices"], m["nonneg"], m["optional"])
+    return out
 
 
-#: The record's shape: nested dicts of :class:`Field` leaves. ``config`` holds any JSON object;
-#: ``anatomy_mib`` is null or a dict of :data:`ANATOMY_KEYS`; ``history`` maps a metric name to
-#: ``[[step, value], ...]``.
-SCHEMA: dict[str, Any] = {
-    "schema_version": Field(_I, "Version of this schema; readers check it.", choices=(SCHEMA_VERSION,)),
-    "run_id": Field(_S, "Unique id of the run (set by the caller, or time + random suffix)."),
-    "status": Field(_S, "How the run ended.", choices=STATUSES),
-    "error": Field(_SN, "One-line error for status other than ok (type: message); null when ok."),
-    "loop": Field(_S, "The training loop that produced the record.", choices=LOOPS),
-    "created_at": Field(_S, "When the record was written, ISO 8601 with time zone."),
-    "config": Field((dict,), "The resolved configuration of the run (LightningCLI's), or {} if none."),
-    "techniques": {
-        "model_name": Field(_SN, "Network name (models.build_model)."),
-        "precision": Field(_SN, "Precision as actually applied, e.g. bf16-mixed (Lightning may change 16-mixed)."),
-        "precision_requested": Field(_SN, "Precision as configured; null if unknown."),
-        "accumulate_grad_batches": Field(_IN, "Micro-batches per optimizer step."),
-        "gradient_checkpointing": Field(_SN, "Checkpoint granularity: off, stage or block."),
-        "optimizer": Field(_SN, "Optimizer name as configured (e.g. adamw)."),
-        "optimizer_impl": Field(_SN, "Optimizer class that ran, with [fused]/[foreach] when set."),
-        "channels_last": Field(_BN, "Whether conv weights are in channels_last memory format."),
-        "compile": Field((bool, str, None), "torch.compile: false, true, or the mode name."),
-        "strategy": Field(_SN, "Distribution strategy: single_device, ddp, fsdp, model_parallel, ..."),
-        "world_size": Field(_IN, "Processes taking part in training.", nonneg=True),
-        "num_nodes": Field(_IN, "Machines taking part.", nonneg=True),
-        "micro_batch_size": Field(_IN, "Samples per device per forward pass.", "samples", nonneg=True),
-        "effective_batch_size": Field(
-            _IN, "Samples per optimizer step: micro × accumulate × world_size.", "samples", nonneg=True
-        ),
-    },
-    "hardware": {
-        "accelerator": Field(_SN, "Device type: cpu, cuda, mps, ..."),
-        "device_name": Field(_SN, "GPU name, or the CPU model for a CPU run."),
-        "device_memory_mib": _num("GPU memory, or host RAM for a CPU run.", "MiB"),
-        "cpu_model": Field(_SN, "CPU model name."),
-        "cpu_cores": Field(_IN, "Logical CPUs of the machine.", nonneg=True),
-        "num_devices": Field(_IN, "Devices this run used per node.", nonneg=True),
-    },
-    "versions": {
-        "python": Field(_SN, "Python version."),
-        "torch": Field(_SN, "PyTorch version."),
-        "lightning": Field(_SN, "Lightning version (null if not installed)."),
-        "torchvision": Field(_SN, "torchvision version."),
-        "accelerate": Field(_SN, "Hugging Face Accelerate version."),
-        "cuda": Field(_SN, "CUDA version PyTorch was built with (null for a CPU build)."),
-    },
-    "timing": {
-        "warmup_steps": Field(_IN, "Optimizer steps excluded before the window.", "steps", nonneg=True),
-        "measured_steps": Field(_IN, "Optimizer steps timed in the window.", "steps", nonneg=True),
-        "step_time_median_ms": _num("Median time of one optimizer step (all its micro-batches).", "ms"),
-        "step_time_p90_ms": _num("90th percentile of step time.", "ms"),
-        "step_time_min_ms": _num("Fastest measured step.", "ms"),
-        "step_time_max_ms": _num("Slowest measured step.", "ms"),
-        "steps_per_epoch": Field(_IN, "Optimizer steps per training epoch.", "steps", nonneg=True),
-        "epoch_time_s": _num("steps_per_epoch × median step time.", "s"),
-        "samples_per_s": _num("effective_batch_size ÷ median step time.", "samples/s"),
-        "wall_time_s": _num("Wall-clock time of the whole fit, validation included.", "s"),
-    },
-    "flops": {
-        "flops_per_step": _num("Model FLOPs of one optimizer step (forward + backward, no recompute).", "FLOP"),
-        "achieved_flops_per_s": _num("flops_per_step ÷ median step time, per device.", "FLOP/s"),
-        "peak_flops_per_s": _num("Peak FLOP/s of one device in the run's compute dtype.", "FLOP/s"),
-        "peak_flops_source": Field(_SN, "Where the peak came from.", choices=PEAK_FLOPS_SOURCES),
-        "mfu": _num("Model FLOPs utilisation: achieved ÷ peak.", "fraction"),
-    },
-    "memory": {
-        "peak_allocated_mib": _num(
-            "Peak tensor memory: CUDA max_memory_allocated over the window; else the tracker peak total.",
-            "MiB",
-        ),
-        "peak_reserved_mib": _num("CUDA max_memory_reserved over the window; null on CPU.", "MiB"),
-        "anatomy_step": Field(_IN, "Optimizer step (global_step) whose anatomy was captured.", "step", nonneg=True),
-        "anatomy_mib": Field((dict, None), "Tensor memory by category at the captured step's peak.", "MiB"),
-        "model_parameters": Field(_IN, "Number of model parameters (elements).", "parameters", nonneg=True),
-        "rss_peak_mib": _num("Process RSS high-water mark (not a tensor peak: allocators keep freed pages).", "MiB"),
-    },
-    "metrics": {key: Field(_FN, f"Final {key} (last logged value).") for key in METRIC_KEYS},
-    "history": Field((dict,), "Metric name → [[optimizer step, value], ...] in step order."),
-}
+#: The schema as nested dicts of :class:`Field` leaves, derived from :class:`RunRecord`.
+SCHEMA: dict[str, Any] = _spec(RunRecord)
+_ANATOMY_FIELD = Field((float, None), "", nonneg=True)
 
 
-def _type_ok(value: Any, types: tuple) -> bool:
-    if value is None:
-        return None in types
-    if isinstance(value, bool):
-        return bool in types
-    if isinstance(value, int) and (int in types or float in types):
+def _type_ok(value: Any, accepted: tuple) -> bool:
+    if value is None or isinstance(value, bool):
+        return (None if value is None else bool) in accepted
+    if isinstance(value, int) and (int in accepted or float in accepted):
         return True
-    return any(t is not None and t not in (int, bool) and isinstance(value, t) for t in types)
+    return any(t is not None and t not in (int, bool) and isinstance(value, t) for t in accepted)
 
 
-def _type_names(types: tuple) -> str:
-    return " | ".join("null" if t is None else t.__name__ for t in types)
-
-
-def _check_field(path: str, value: Any, field: Field, errors: list[str]) -> None:
+def _check(path: str, value: Any, field: Field, errors: list[str]) -> None:
     if not _type_ok(value, field.types):
-        errors.append(f"{path}: expected {_type_names(field.types)}, got {type(value).__name__} {value!r:.60}")
-        return
-    if field.choices is not None and value not in field.choices:
+        names = " | ".join("null" if t is None else t.__name__ for t in field.types)
+        errors.append(f"{path}: expected {names}, got {type(value).__name__} {value!r:.60}")
+    elif field.choices is not None and value not in field.choices:
         errors.append(f"{path}: {value!r} is not one of {list(field.choices)}")
-    if isinstance(value, float) and not math.isfinite(value):
+    elif isinstance(value, float) and not math.isfinite(value):
         errors.append(f"{path}: non-finite number {value!r}")
     elif field.nonneg and isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
         errors.append(f"{path}: negative value {value!r}")
@@ -195,15 +259,14 @@ def _check_section(prefix: str, record: Mapping, spec: Mapping, errors: list[str
     for key, sub in spec.items():
         path = f"{prefix}{key}"
         if key not in record:
-            errors.append(f"{path}: missing")
-            continue
-        value = record[key]
-        if isinstance(sub, Field):
-            _check_field(path, value, sub, errors)
-        elif not isinstance(value, Mapping):
-            errors.append(f"{path}: expected an object, got {type(value).__name__}")
+            if not (isinstance(sub, Field) and sub.optional):
+                errors.append(f"{path}: missing")
+        elif isinstance(sub, Field):
+            _check(path, record[key], sub, errors)
+        elif not isinstance(record[key], Mapping):
+            errors.append(f"{path}: expected an object, got {type(record[key]).__name__}")
         else:
-            _check_section(path + ".", value, sub, errors)
+            _check_section(path + ".", record[key], sub, errors)
 
 
 def get_path(mapping: Any, path: str, default: Any = None) -> Any:
@@ -217,57 +280,40 @@ def get_path(mapping: Any, path: str, default: Any = None) -> Any:
 
 
 def validate_record(record: Any) -> list[str]:
-    """Every way ``record`` departs from :data:`SCHEMA`, one message per problem (empty when valid)."""
+    """Every way ``record`` departs from the schema, one message per problem (empty when valid)."""
     if not isinstance(record, Mapping):
         return [f"record: expected an object, got {type(record).__name__}"]
     errors: list[str] = []
     _check_section("", record, SCHEMA, errors)
-    if errors and any(e.startswith("schema_version") for e in errors):
+    if any(e.startswith("schema_version") for e in errors):
         return errors
-
-    memory = record.get("memory")
-    anatomy = memory.get("anatomy_mib") if isinstance(memory, Mapping) else None
-    if isinstance(anatomy, Mapping):
-        for key in ANATOMY_KEYS:
-            if key not in anatomy:
-                errors.append(f"memory.anatomy_mib.{key}: missing")
-            else:
-                _check_field(f"memory.anatomy_mib.{key}", anatomy[key], Field(_FN, "", nonneg=True), errors)
-
+    for view in ("anatomy_mib", "anatomy_end_mib"):
+        anatomy = get_path(record, f"memory.{view}")
+        for key in ANATOMY_KEYS if isinstance(anatomy, Mapping) else ():
+            if key in anatomy:
+                _check(f"memory.{view}.{key}", anatomy[key], _ANATOMY_FIELD, errors)
+            elif key not in ("comm_buffers", "inputs"):  # categories added in definitions 3
+                errors.append(f"memory.{view}.{key}: missing")
     history = record.get("history")
-    if isinstance(history, Mapping):
-        for name, points in history.items():
-            if not isinstance(points, list):
-                errors.append(f"history.{name}: expected a list of [step, value]")
-                continue
-            last = -1
-            for i, point in enumerate(points):
-                if (
-                    not isinstance(point, (list, tuple))
-                    or len(point) != 2
-                    or not _type_ok(point[0], _I)
-                    or not _type_ok(point[1], _FN)
-                ):
-                    errors.append(f"history.{name}[{i}]: expected [int step, number or null], got {point!r:.60}")
-                    break
-                if point[0] < last:
-                    errors.append(f"history.{name}[{i}]: step {point[0]} after step {last}")
-                    break
-                last = point[0]
-
-    status = record.get("status")
-    if status in STATUSES and status != "ok" and not record.get("error") and status != "diverged":
-        errors.append(f"error: status {status!r} needs a one-line error message")
-
-    tech = record.get("techniques")
-    if isinstance(tech, Mapping):
-        parts = [tech.get(k) for k in ("micro_batch_size", "accumulate_grad_batches", "world_size")]
-        eff = tech.get("effective_batch_size")
-        if all(isinstance(p, int) for p in parts) and isinstance(eff, int) and eff != math.prod(parts):
-            errors.append(
-                f"techniques.effective_batch_size: {eff} != micro_batch_size × accumulate_grad_batches × "
-                f"world_size = {math.prod(parts)}"
-            )
+    for name, points in history.items() if isinstance(history, Mapping) else ():
+        last = -1
+        for i, point in enumerate(points if isinstance(points, list) else [None]):
+            if not (isinstance(point, (list, tuple)) and len(point) == 2 and _type_ok(point[0], (int,))
+                    and _type_ok(point[1], (float, None))):
+                errors.append(f"history.{name}[{i}]: expected [int step, number or null], got {point!r:.60}")
+                break
+            if point[0] < last:
+                errors.append(f"history.{name}[{i}]: step {point[0]} after step {last}")
+                break
+            last = point[0]
+    if record.get("status") in ("failed", "interrupted", "oom") and not record.get("error"):
+        errors.append(f"error: status {record['status']!r} needs a one-line error message")
+    tech = record.get("techniques") if isinstance(record.get("techniques"), Mapping) else {}
+    parts = [tech.get(k) for k in ("micro_batch_size", "accumulate_grad_batches", "world_size")]
+    eff = tech.get("effective_batch_size")
+    if all(isinstance(p, int) for p in parts) and isinstance(eff, int) and eff != math.prod(parts):
+        errors.append(f"techniques.effective_batch_size: {eff} != micro_batch_size × accumulate_grad_batches × "
+                      f"world_size = {math.prod(parts)}")
     return errors
 
 
@@ -280,8 +326,7 @@ def check_record(record: Any) -> None:
 
 def new_run_id() -> str:
     """A sortable unique id: UTC time plus a random suffix, e.g. ``20250101T120000Z-1a2b3c4d``."""
-    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    return f"{now}-{uuid.uuid4().hex[:8]}"
+    return f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
 
 
 def now_iso() -> str:
@@ -289,29 +334,22 @@ def now_iso() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def _skeleton(spec: Mapping) -> dict[str, Any]:
-    return {k: _skeleton(v) if isinstance(v, Mapping) else None for k, v in spec.items()}
+def _as_dict(obj: Any) -> Any:
+    if not dataclasses.is_dataclass(obj):
+        return obj
+    return {f.metadata["key"] or f.name: _as_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+            if not (f.metadata["optional"] and getattr(obj, f.name) is None)}
 
 
-def new_record(run_id: str | None = None, loop: str = "lightning") -> dict[str, Any]:
-    """A record with every key of the schema present: nothing measured yet, status ``ok``."""
-    record = _skeleton(SCHEMA)
-    record.update(
-        schema_version=SCHEMA_VERSION,
-        run_id=run_id or new_run_id(),
-        status="ok",
-        error=None,
-        loop=loop,
-        created_at=now_iso(),
-        config={},
-        history={},
-    )
-    return record
+def new_record(run_id: str | None = None, loop: str = "lightning", command: list[str] | None = None) -> dict[str, Any]:
+    """A record with every key of the schema present and its :func:`provenance`: nothing measured yet, status ok."""
+    return {**_as_dict(RunRecord(run_id=run_id or new_run_id(), loop=loop, created_at=now_iso())),
+            "provenance": provenance(command)}
 
 
 def provenance(command: list[str] | None = None) -> dict[str, Any]:
-    """Where a record came from: the git commit of the checkout (``dirty`` if it has uncommitted changes to
-    tracked files), the command line, and the versions of the definitions its figures follow."""
+    """The record's ``provenance``: the checkout's commit (``dirty`` if tracked files changed), the command line
+    (``$MODELWRIGHT_COMMAND`` when a parent, such as the study, set it), and :data:`DEFINITIONS_VERSION`."""
     import subprocess
     import sys
 
@@ -326,31 +364,20 @@ def provenance(command: list[str] | None = None) -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return {
-        "commit": commit,
-        "dirty": None if status is None else bool(status),
-        "command": " ".join(command if command is not None else [Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "definitions": DEFINITIONS_VERSION,
-    }
+    line = " ".join(command) if command is not None else os.environ.get("MODELWRIGHT_COMMAND")
+    return {"commit": commit, "dirty": None if status is None else bool(status),
+            "command": line or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "definitions": DEFINITIONS_VERSION}
 
 
-def build_record(
-    *,
-    loop: str,
-    status: str = "ok",
-    error: str | None = None,
-    run_id: str | None = None,
-    command: list[str] | None = None,
-    **sections: Any,
-) -> dict[str, Any]:
+def build_record(*, loop: str, status: str = "ok", error: str | None = None, run_id: str | None = None,
+                 command: list[str] | None = None, **sections: Any) -> dict[str, Any]:
     """The one way to make a run record, whatever produced it (a callback, the Accelerate loop, the study).
 
-    ``sections`` are the record's top-level keys (``config``, ``techniques``, ``hardware``, ``versions``,
-    ``timing``, ``flops``, ``memory``, ``metrics``, ``history``, ``faults``, ``study``, ...); a dict section of
-    the schema is merged over its skeleton, so a writer gives only what it measured. The result is JSON-ready and
-    carries its :func:`provenance`; it is validated when written.
+    ``sections`` are the record's top-level keys (``config``, ``techniques``, ..., ``history``, and the optional
+    ``faults``, ``profile``, ``prediction``, ``study``); a dict section of the schema is merged over its skeleton,
+    so a writer gives only what it measured. The result is JSON-ready and carries its :func:`provenance`.
     """
-    record = new_record(run_id=run_id, loop=loop)
+    record = new_record(run_id=run_id, loop=loop, command=command)
     record["status"], record["error"] = status, error
     for key, value in sections.items():
         if value is None:
@@ -359,17 +386,14 @@ def build_record(
             record[key] = {**record[key], **value}
         else:
             record[key] = value
-    record["provenance"] = provenance(command)
     return to_jsonable(record)
 
 
 def to_jsonable(obj: Any) -> Any:
     """``obj`` as plain JSON values: tensors and numpy scalars to numbers, paths and unknowns to str,
     tuples to lists, non-finite floats to ``None``."""
-    if obj is None or isinstance(obj, (bool, str)):
+    if obj is None or isinstance(obj, (bool, str, int)):
         return obj
-    if isinstance(obj, int):
-        return int(obj)
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, Mapping):
@@ -395,12 +419,13 @@ def dumps_record(record: Mapping, validate: bool = True, indent: int | None = No
 
 
 def write_record(path: str | os.PathLike, record: Mapping, validate: bool = True) -> Path:
-    """Write one record to ``path`` atomically: a temp file in the same folder, fsync, ``os.replace``."""
+    """Write one record to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``), mode 0644."""
     path = Path(path)
     text = dumps_record(record, validate=validate, indent=2) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600: the record is for every reader of the results
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -415,15 +440,18 @@ def write_record(path: str | os.PathLike, record: Mapping, validate: bool = True
 def append_record(jsonl_path: str | os.PathLike, record: Mapping, validate: bool = True) -> Path:
     """Append the record as one line to ``jsonl_path``.
 
-    The line (newline included) goes out in a single ``write`` on an ``O_APPEND`` descriptor, then
-    ``fsync``: concurrent writers on one machine do not interleave, and a crash leaves at most one
-    damaged last line, which :func:`read_records` skips.
+    The line goes out in a single ``write`` on an ``O_APPEND`` descriptor, then ``fsync``: concurrent writers on
+    one machine do not interleave. A torn last line (a file not ending in a newline, left by a crash) is
+    terminated first, so the new record starts on a line of its own; :func:`read_records` skips the torn one.
     """
     path = Path(jsonl_path)
     data = (dumps_record(record, validate=validate) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
         written = os.write(fd, data)
         while written < len(data):  # only on a full disk or a signal; the line is then no longer atomic
             written += os.write(fd, data[written:])
@@ -442,11 +470,8 @@ def read_record(path: str | os.PathLike, validate: bool = True) -> dict[str, Any
 
 
 def read_records(jsonl_path: str | os.PathLike, validate: bool = False) -> list[dict[str, Any]]:
-    """The records of a ``.jsonl`` file, in order.
-
-    A line that is not a JSON object (a torn write, a hand edit), or with ``validate`` one that does
-    not match the schema, is skipped with a warning naming the file and line number.
-    """
+    """The records of a ``.jsonl`` file, in order; a line that is not a JSON object (a torn write, a hand edit),
+    or with ``validate`` one that does not match the schema, is skipped with a warning naming file and line."""
     path = Path(jsonl_path)
     records: list[dict[str, Any]] = []
     with path.open("rb") as f:
@@ -458,13 +483,66 @@ def read_records(jsonl_path: str | os.PathLike, validate: bool = False) -> list[
             except (UnicodeDecodeError, ValueError) as err:
                 warnings.warn(f"{path}:{lineno}: skipped damaged record line ({err})", stacklevel=2)
                 continue
-            if not isinstance(record, dict):
-                warnings.warn(f"{path}:{lineno}: skipped line that is not a JSON object", stacklevel=2)
+            problems = ["not a JSON object"] if not isinstance(record, dict) else (
+                validate_record(record) if validate else [])
+            if problems:
+                warnings.warn(f"{path}:{lineno}: skipped invalid record ({problems[0]})", stacklevel=2)
                 continue
-            if validate:
-                errors = validate_record(record)
-                if errors:
-                    warnings.warn(f"{path}:{lineno}: skipped invalid record ({errors[0]})", stacklevel=2)
-                    continue
             records.append(record)
     return records
+
+
+_DOC_HEAD = """# The run record (schema version {version})
+
+<!-- Generated by `uv run python -m modelwright.record` from modelwright/record.py; edit the code, not this file. -->
+
+Every training run writes one JSON object, the *run record*, whatever loop produced it (Lightning, Accelerate,
+a plain loop); reports and the planner read records, never logs. `build_record(...)` makes one;
+`write_record` (atomic, mode 0644), `append_record` (one line of a `.jsonl`, a torn last line terminated first),
+`read_records` (skips damaged lines with a warning), `read_record`; `validate_record` lists every problem.
+
+- Every key below is present, except those marked *optional*; a value is `null` where it was not measured or
+  does not apply. Extra keys are allowed; renaming or removing a key needs a new `schema_version`.
+- Units are in the names: `_mib` = 2^20 bytes, `_ms`, `_s`, `_per_s`. FLOPs count a multiply-add as 2.
+- "Step" means optimizer step: with gradient accumulation one step is `accumulate_grad_batches` micro-batches.
+- Measurements are rank 0's; FLOP/s figures are per device. Non-finite numbers are written as `null`.
+"""
+
+
+def schema_markdown() -> str:
+    """``docs/record-schema.md``, written from :class:`RunRecord` and its sections."""
+
+    def rows(cls: type) -> list[str]:
+        out = ["| key | type | unit | meaning |", "|---|---|---|---|"]
+        spec = _spec(cls)
+        for key, field in spec.items():
+            if isinstance(field, dict):
+                kind, unit, doc = "object", "", f"Section [`{key}`](#{key})."
+            else:
+                kind = " \\| ".join("null" if t is None else t.__name__ for t in field.types)
+                unit = field.unit or ""
+                doc = field.doc + (f" One of {', '.join(f'`{c}`' for c in field.choices if c)}."
+                                   if field.choices else "") + (" *Optional.*" if field.optional else "")
+            out.append(f"| `{key}` | {kind} | {unit} | {doc} |")
+        return out
+
+    parts = [_DOC_HEAD.format(version=SCHEMA_VERSION), "## Top level", "", *rows(RunRecord)]
+    for f in dataclasses.fields(RunRecord):
+        cls = typing.get_type_hints(RunRecord)[f.name]
+        if dataclasses.is_dataclass(cls):
+            doc = " ".join((cls.__doc__ or "").split())
+            parts += ["", f"## `{f.name}`", "", doc, "", *rows(cls)]
+    return "\n".join(parts) + "\n"
+
+
+def write_schema_doc(path: str | os.PathLike | None = None) -> Path:
+    """Write :func:`schema_markdown` to ``docs/record-schema.md`` (or ``path``)."""
+    from modelwright import REPO_ROOT
+
+    path = Path(path) if path is not None else REPO_ROOT / "docs" / "record-schema.md"
+    path.write_text(schema_markdown(), encoding="utf-8")
+    return path
+
+
+if __name__ == "__main__":
+    print(write_schema_doc())

@@ -1,0 +1,151 @@
+"""The conditions to state with every number: hardware, versions, techniques as applied, how a run ended."""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from importlib import metadata
+from typing import Any
+
+import torch
+from torch import nn
+
+MIB = 2**20
+
+
+@functools.cache
+def cpuinfo() -> dict[str, str]:
+    """The first processor's ``/proc/cpuinfo`` entries (``model name``, ``flags``, ``cpu MHz``, ...); {} elsewhere."""
+    info: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    if info:
+                        break
+                    continue
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return info
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    return cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown"
+
+
+def device_name(device: torch.device | str | None) -> str:
+    """A human name for ``device``: the GPU's name, or the CPU model."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        return cpu_model()
+    return device.type
+
+
+
+def _memtotal_mib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def hardware_info(device: torch.device | str | None = None, num_devices: int | None = None) -> dict[str, Any]:
+    """The record's ``hardware`` section for ``device`` (default: CUDA if present, else CPU).
+
+    ``device_memory_mib`` is the GPU's total memory, or the machine's RAM for a CPU run.
+    ``cpu_cores`` counts logical CPUs; ``cpu_cores_available`` those this process may run on.
+    """
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    info: dict[str, Any] = {
+        "accelerator": device.type,
+        "device_name": device_name(device),
+        "device_memory_mib": None,
+        "cpu_model": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "cpu_cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "num_devices": num_devices if num_devices is not None else 1,
+        "host_memory_mib": _memtotal_mib(),
+    }
+    if device.type == "cuda" and torch.cuda.is_available():
+        info["device_memory_mib"] = torch.cuda.get_device_properties(device).total_memory / MIB
+    elif device.type == "cpu":
+        info["device_memory_mib"] = info["host_memory_mib"]
+    return info
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    """The record's ``versions`` section; ``cuda`` is the CUDA version torch was built with (or None)."""
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": _dist_version("lightning"),
+        "torchvision": _dist_version("torchvision"),
+        "accelerate": _dist_version("accelerate"),
+        "cuda": torch.version.cuda,
+        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
+    }
+
+
+def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
+    """The optimizer class that ran and its kernel: ``torch.optim.AdamW[foreach]`` / ``[for-loop]`` / ``[fused]``."""
+    cls = type(optimizer)
+    exported = getattr(torch.optim, cls.__name__, None) is cls
+    name = f"torch.optim.{cls.__name__}" if exported else f"{cls.__module__}.{cls.__qualname__}"
+    defaults = optimizer.defaults
+    if defaults.get("fused"):
+        return f"{name}[fused]"
+    foreach = defaults.get("foreach")
+    if foreach is None:
+        # PyTorch's default: foreach when every parameter is on a GPU, else the per-tensor for-loop.
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        foreach = bool(params) and all(p.device.type == "cuda" for p in params)
+    return f"{name}[{'foreach' if foreach else 'for-loop'}]"
+
+
+def channels_last_applied(module: nn.Module) -> bool | None:
+    """Whether the first spatial conv weight is in channels_last format; None if none or unreadable (sharded)."""
+    for p in module.parameters():
+        if p.ndim == 4 and p.shape[2:] != (1, 1):
+            try:
+                return p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+            except Exception:
+                return None
+    return None
+
+
+def error_status(exception: BaseException) -> str:
+    """The record status of a run that raised ``exception``: ``interrupted``, ``oom`` or ``failed``."""
+    if isinstance(exception, (KeyboardInterrupt, SystemExit)):  # Ctrl-C; SIGTERM (Lightning's SIGTERMException)
+        return "interrupted"
+    text = str(exception).lower()
+    if isinstance(exception, (torch.OutOfMemoryError, MemoryError)) or any(
+        phrase in text
+        for phrase in ("out of memory", "can't allocate memory")  # CUDA; CPU allocator
+    ):
+        return "oom"
+    return "failed"
+
+
+def one_line_error(exception: BaseException) -> str:
+    """``Type: first line of the message``, at most 500 characters, for the record's ``error``."""
+    text = str(exception).strip().splitlines()
+    return f"{type(exception).__name__}: {text[0] if text else ''}"[:500].rstrip(": ")

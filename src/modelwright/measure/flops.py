@@ -1,0 +1,294 @@
+"""FLOPs of a training step, the hardware's peak FLOP/s, and MFU = achieved ÷ peak.
+
+The peak is the hardware's, never a kernel's: a GPU's datasheet figure (dense, for the compute dtype;
+TF32 for float32 where PyTorch allows it on Ampere and later), or on a CPU
+cores × FLOP per cycle for its instruction set × a measured clock.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import re
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from modelwright.measure.facts import cpu_model, cpuinfo, device_name
+from modelwright.record import DEFINITIONS_VERSION
+
+
+def count_flops(fn: Callable[[], Any]) -> int:
+    """FLOPs of everything ``fn`` runs, counted by ``torch.utils.flop_counter.FlopCounterMode``.
+
+    The counter knows matmuls, convolutions and attention (the ops that dominate); elementwise ops,
+    norms and the optimizer count as zero.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` with parameters and buffers on the meta device (no memory, no compute).
+
+    Forwards replaced on instances (gradient-checkpointing wrappers) are dropped in the copy, so FLOPs
+    counted on it are model FLOPs, without recomputation. A ``torch.compile`` wrapper is looked through.
+    """
+    module = getattr(module, "_orig_mod", module)
+    memo: dict[int, Any] = {}
+    for sub in module.modules():  # nn.Module.compile() keeps its compiled call on the instance
+        impl = sub.__dict__.get("_compiled_call_impl")
+        if impl is not None:
+            memo[id(impl)] = None
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    copied = copy.deepcopy(module, memo)
+    for sub in copied.modules():
+        sub.__dict__.pop("forward", None)
+    return copied
+
+
+def training_flops(
+    module: nn.Module,
+    example_input: torch.Tensor,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+) -> int:
+    """FLOPs of one forward and backward of ``module`` on a batch shaped like ``example_input``.
+
+    Counted on a :func:`meta_copy` (nothing runs on the device); the loss (``loss_fn``, default a
+    sum of the output) is negligible next to the network. Multiply by the micro-batches per
+    optimizer step for a step's FLOPs.
+    """
+    model = meta_copy(module)
+    model.train()
+    x = example_input.detach().to("meta")
+    loss_fn = loss_fn or (lambda out: out.float().sum())
+    return count_flops(lambda: loss_fn(model(x)).backward())
+
+
+def compute_dtype(precision: str | int | None) -> torch.dtype:
+    """The dtype a run's matmuls use: ``"bf16-mixed"`` → bfloat16, ``"16-mixed"`` → float16, else float32."""
+    p = str(precision or "32").lower()
+    if p.startswith(("bf16", "transformer-engine")):
+        return torch.bfloat16
+    for prefix, dtype in (("64", torch.float64), ("16", torch.float16)):
+        if p.startswith(prefix):
+            return dtype
+    return torch.float32
+
+
+def mfu(flops_per_step: float | None, step_time_s: float | None, peak_flops_per_s: float | None) -> float | None:
+    """Model FLOPs utilisation: (FLOPs per step ÷ step time) ÷ peak FLOP/s."""
+    if not flops_per_step or not step_time_s or not peak_flops_per_s:
+        return None
+    return flops_per_step / step_time_s / peak_flops_per_s
+
+
+@dataclass(frozen=True)
+class PeakFlops:
+    """A device's peak FLOP/s in one dtype, where the figure comes from and how it was reached."""
+
+    flops_per_s: float | None
+    source: str | None  # "datasheet", "cpu-isa-clock", "config", or None: unknown
+    method: str | None  # the arithmetic behind it, or why there is none
+
+
+# Dense datasheet peaks, FLOP/s: (name pattern, {dtype: peak}); "tf32" is float32 on tensor cores.
+# H200 has H100 SXM's compute. NVL and other variants are absent rather than guessed.
+_H100_SXM = {"float64": 33.5e12, "float32": 66.9e12, "tf32": 494.7e12, "bfloat16": 989.4e12, "float16": 989.4e12}
+_GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
+    (r"nvl", {}),
+    (r"h100 pcie", {"float64": 25.6e12, "float32": 51.2e12, "tf32": 378e12, "bfloat16": 756e12, "float16": 756e12}),
+    (r"\bh[12]00\b|gh200", _H100_SXM),
+    (r"a100", {"float64": 9.7e12, "float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12, "float16": 312e12}),
+    (r"\bl4\b", {"float32": 30.3e12, "tf32": 60e12, "bfloat16": 121e12, "float16": 121e12}),
+    (r"v100", {"float64": 7.8e12, "float32": 15.7e12, "float16": 125e12}),
+    (r"\bt4\b", {"float32": 8.1e12, "float16": 65e12}),
+)
+
+
+def _gpu_peak(device: torch.device, dtype: torch.dtype) -> PeakFlops:
+    name = device_name(device)
+    table = next((peaks for pattern, peaks in _GPU_PEAKS if re.search(pattern, name.lower())), None)
+    key = str(dtype).removeprefix("torch.")
+    note = ""
+    if dtype is torch.float32 and torch.cuda.get_device_capability(device) >= (8, 0):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            matmul = torch.get_float32_matmul_precision() != "highest"
+            conv = bool(torch.backends.cudnn.allow_tf32)
+        if matmul or conv:
+            key = "tf32"
+        yes = {True: "yes", False: "no"}
+        note = f"; TF32 allowed for matmul: {yes[matmul]}, for cuDNN convolutions: {yes[conv]}"
+    if not table or key not in table:
+        return PeakFlops(None, None, f"no datasheet peak for {name} in {key}{note}")
+    return PeakFlops(table[key], "datasheet", f"{name}: dense {key} datasheet peak{note}")
+
+
+def _cpu_flop_per_cycle(dtype: torch.dtype, info: dict[str, str]) -> tuple[int | None, str]:
+    """FLOP per cycle per core of the widest instruction set this CPU reports, and its name."""
+    flags = set(info.get("flags", info.get("features", "")).split())
+    amd_before_zen5 = info.get("vendor_id") == "AuthenticAMD" and int(info.get("cpu family", "0") or 0) < 26
+    if "avx512f" in flags:  # Zen 4 executes 512-bit FMAs as two 256-bit halves
+        fp32, isa = (32, "AVX-512 on 256-bit FMA units") if amd_before_zen5 else (64, "AVX-512, 2 FMA units")
+    elif {"avx2", "fma"} <= flags:
+        fp32, isa = 32, "AVX2+FMA, 2 FMA units"
+    elif "asimd" in flags:
+        fp32, isa = 16, "NEON, 2x128-bit FMA units"
+    else:
+        return None, "no FLOP/cycle known for this instruction set"
+    if dtype is torch.float64:
+        return fp32 // 2, isa
+    for kind, amx, dot in ((torch.bfloat16, "amx_bf16", "avx512_bf16"), (torch.float16, "amx_fp16", "avx512_fp16")):
+        if dtype is kind and amx in flags:
+            return 1024, "AMX tiles"
+        if dtype is kind and dot in flags:
+            return 2 * fp32, f"{isa} + {dot.upper()}"
+    return fp32, isa
+
+
+_X86_ADDS = 16
+# x86-64: ``xor eax,eax; mov edx,1; loop: add rax,rdx (x16); dec rdi; jnz loop; ret``: 16 dependent adds per
+# iteration, one cycle each on every x86 core, so the loop runs at 16 iterations per 16 cycles.
+_ADD_LOOP = bytes.fromhex("31c0ba01000000" + "4801d0" * _X86_ADDS + "48ffcf75cbc3")
+CLOCK_METHOD = "timed dependent-add loop (one core, thread CPU time, best of 5)"
+
+
+def _timed_add_loop_hz(iterations: int = 2_000_000, repeats: int = 5) -> float | None:
+    """The core's clock from a chain of dependent integer adds, timed in thread CPU time (load-proof); x86-64 only."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import mmap
+
+    try:
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    except (OSError, ValueError, AttributeError):  # a system that refuses executable pages
+        return None
+    page.write(_ADD_LOOP)
+    cbuf = ctypes.c_char.from_buffer(page)
+    loop = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(ctypes.addressof(cbuf))
+    for _ in range(10):  # let the core reach its running clock
+        loop(iterations)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        loop(iterations)
+        best = min(best, time.thread_time() - t0)
+    del loop, cbuf
+    page.close()
+    return iterations * _X86_ADDS / best if best > 0 else None
+
+
+def default_cache_dir() -> Path:
+    """``$MODELWRIGHT_CACHE_DIR``, else ``~/.cache/modelwright``."""
+    env = os.environ.get("MODELWRIGHT_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "modelwright"
+
+
+def cpu_clock_hz(cache_path: str | Path | None = None) -> tuple[float | None, str]:
+    """The CPU's clock and how it was found: measured once per machine (:data:`CLOCK_METHOD`), else cpuinfo MHz.
+
+    The measurement is cached in ``<cache dir>/cpu_clock.json`` with its method and the project's
+    ``DEFINITIONS_VERSION``; a cached value with another method or version is measured again.
+    """
+    path = Path(cache_path) if cache_path is not None else default_cache_dir() / "cpu_clock.json"
+    key = cpu_model()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    entry = cache.get(key) if isinstance(cache, dict) else None
+    current = {"method": CLOCK_METHOD, "definitions": DEFINITIONS_VERSION}
+    if isinstance(entry, dict) and {k: entry.get(k) for k in current} == current:
+        return float(entry["clock_hz"]), CLOCK_METHOD
+    hz = _timed_add_loop_hz()
+    if hz is None:
+        mhz = cpuinfo().get("cpu MHz")
+        return (float(mhz) * 1e6, "/proc/cpuinfo cpu MHz (not measured)") if mhz else (None, "clock unknown")
+    cache = cache if isinstance(cache, dict) else {}
+    cache[key] = {"clock_hz": hz, **current}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as err:  # a read-only home should not stop a run
+        warnings.warn(f"could not cache the CPU clock in {path}: {err}", stacklevel=2)
+    return hz, CLOCK_METHOD
+
+
+def physical_cores() -> int:
+    """Cores this process may run on, SMT siblings counted once (they share the FMA units)."""
+    info = cpuinfo()
+    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        per_core = max(1, int(info["siblings"]) // int(info["cpu cores"]))
+    except (KeyError, ValueError, ZeroDivisionError):
+        per_core = 1
+    return max(1, logical // per_core)
+
+
+def hardware_peak(
+    device: torch.device | str | None, dtype: torch.dtype = torch.float32, cache_path: str | Path | None = None
+) -> PeakFlops:
+    """The peak FLOP/s of one ``device`` in ``dtype``, with its source and the arithmetic behind it.
+
+    GPU: the dense datasheet figure (TF32 for float32 where PyTorch allows it on Ampere or later).
+    CPU: cores (``torch.get_num_threads()``, at most the physical cores) × FLOP/cycle of the instruction set
+    (``/proc/cpuinfo`` flags) × the clock of :func:`cpu_clock_hz`. Unknown hardware gives ``flops_per_s=None``.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and torch.cuda.is_available():
+        return _gpu_peak(device, dtype)
+    if device.type != "cpu":
+        return PeakFlops(None, None, f"no peak known for {device.type}")
+    per_cycle, isa = _cpu_flop_per_cycle(dtype, cpuinfo())
+    if per_cycle is None:
+        return PeakFlops(None, None, isa)
+    hz, how = cpu_clock_hz(cache_path)
+    if hz is None:
+        return PeakFlops(None, None, how)
+    cores = min(torch.get_num_threads(), physical_cores())
+    name = str(dtype).removeprefix("torch.")
+    return PeakFlops(
+        cores * per_cycle * hz,
+        "cpu-isa-clock",
+        f"{cores} cores x {per_cycle} {name} FLOP/cycle ({isa}) x {hz / 1e9:.2f} GHz ({how})",
+    )
+
+
+def resolve_peak_flops(
+    device: torch.device | str,
+    dtype: torch.dtype,
+    table_value: float | None = None,
+    config_value: float | None = None,
+    measure: bool = True,
+    cache_path: str | Path | None = None,
+    **_: Any,
+) -> tuple[float | None, str | None]:
+    """``(peak, source)``: ``config_value`` if given, else :func:`hardware_peak`, else ``table_value`` (a vendor
+    table such as Lightning's, for a GPU ours lacks). ``measure=False`` allows no clock measurement on a CPU."""
+    if config_value:
+        return float(config_value), "config"
+    if measure or torch.device(device).type != "cpu":
+        peak = hardware_peak(device, dtype, cache_path=cache_path)
+        if peak.flops_per_s:
+            return peak.flops_per_s, peak.source
+    return (float(table_value), "lightning-table") if table_value else (None, None)
