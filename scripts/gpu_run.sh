@@ -1,28 +1,30 @@
 #!/usr/bin/env bash
-# One call on a CUDA machine: the default study on resnet18, the ViT study, and the loop-overhead benchmark,
-# within about 8 minutes on one H200, into results/<gpu slug>/ (docs/gpu.md).
+# One call on a CUDA machine: the studies (default plan, the extra settings, the ViT), the attention benchmark and
+# the loop-overhead benchmark, each part under its own time cap, into results/<gpu slug>/ (docs/gpu.md).
 #
-# To run: bash scripts/gpu_run.sh            (from the repository root; --dry-run prints the commands only;
-#         --check installs the carried wheels and checks that every part imports and parses its config, on any
-#         machine, CUDA or not, then stops)
+# To run: bash scripts/gpu_run.sh [PART...]   (from the repository root; parts: study extra vit attention overhead,
+#         default all of them; --dry-run prints the commands only; --check installs the carried wheels, checks that
+#         every part imports and that the plans resolve, and trains one step, on any machine, CUDA or not)
 #
-# Needs no uv and no network: it uses $PYTHON (default python3), which must have torch and lightning; the
-# other runtime dependencies come from wheels in .whl/ when that folder exists (docs/gpu.md lists them).
-# Each part has its own time cap; a part that runs out of time keeps what it recorded (the study resumes
-# where it stopped when run again) and the next part runs.
+# Needs no uv and no network: it uses $PYTHON (default python3), which must have torch and lightning; the other
+# runtime dependencies come from wheels in .whl/ when that folder exists (docs/gpu.md). A part that runs out of time
+# keeps what it recorded (a study resumes where it stopped when run again) and the next part runs.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
 RESULTS="${RESULTS:-results}"
-DRY=0
-CHECK=0
-[[ "${1:-}" == "--dry-run" ]] && DRY=1
-[[ "${1:-}" == "--check" ]] && CHECK=1
+MODE=run
+case "${1:-}" in
+    --dry-run) MODE=dry; shift ;;
+    --check) MODE=check; shift ;;
+esac
+PARTS=("$@")
+(( ${#PARTS[@]} )) || PARTS=(study extra vit attention overhead)
 
 if [[ -d .whl ]] && compgen -G ".whl/*.whl" > /dev/null; then
     SITE="${TMPDIR:-/tmp}/modelwright-site"
-    if [[ $DRY == 0 ]]; then
+    if [[ $MODE != dry ]]; then
         if "$PY" -m pip --version > /dev/null 2>&1; then
             "$PY" -m pip install --quiet --no-index --no-deps --target "$SITE" .whl/*.whl
         else  # no pip in that Python: a wheel is a zip of what goes into site-packages
@@ -35,31 +37,43 @@ else
     export PYTHONPATH="$PWD:$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 fi
 
-if [[ $CHECK == 1 ]]; then
-    # What the parts need, without a GPU: the imports, and the CLI parsing the default config.
-    "$PY" - <<'PYEOF'
+if [[ $MODE == check ]]; then
+    TMP="$(mktemp -d)"
+    # What the parts import, and the default plan resolved through LightningCLI as a study does before its first run.
+    "$PY" - "$TMP" 2> "$TMP/check.log" <<'PYEOF' || { tail -5 "$TMP/check.log"; exit 1; }
 import importlib
-for name in ("torch", "lightning", "jsonargparse", "accelerate", "tensorboard", "torchvision", "torchmetrics",
+import sys
+from pathlib import Path
+
+for name in ("torch", "lightning", "jsonargparse", "accelerate", "tensorboard", "torchvision", "torchmetrics", "tqdm",
              "matplotlib", "yaml", "modelwright.train.cli", "modelwright.study", "modelwright.report",
              "modelwright.loops.accelerate", "callbacks.run_record"):
-    importlib.import_module(name)
+    module = importlib.import_module(name)
+    if name in ("torch", "lightning"):
+        print(f"{name} {module.__version__}", end="; ")
 print("imports: ok")
+from modelwright.study import study
+from modelwright.study.plan import load_plan
+
+for plan in sorted(Path("configs/study").glob("plan_*.yaml")):
+    load_plan(plan)
+assert study(dry_run=True, slug="check", results=Path(sys.argv[1])) == 0
+print("plans: ok")
 PYEOF
-    "$PY" main.py fit --print_config > /dev/null
     "$PY" benchmarks/overhead.py --help > /dev/null
+    [[ -f benchmarks/attention.py ]] && "$PY" benchmarks/attention.py --help > /dev/null
     # One optimizer step of the small CNN on whatever device there is, callbacks and record included.
-    LOGS="$(mktemp -d)"
     "$PY" main.py fit --model.model_name smallcnn --data.batch_size 8 --data.train_size 16 --data.val_size 8 \
-        --trainer.max_steps 1 --trainer.enable_progress_bar false --trainer.logger.init_args.save_dir "$LOGS" \
-        > "$LOGS/fit.log" 2>&1 || { tail -20 "$LOGS/fit.log"; exit 1; }
-    ls "$LOGS"/base/version_0/record.json > /dev/null
-    rm -rf "$LOGS"
+        --trainer.max_steps 1 --trainer.enable_progress_bar false --trainer.logger.init_args.save_dir "$TMP" \
+        > "$TMP/fit.log" 2>&1 || { tail -20 "$TMP/fit.log"; exit 1; }
+    ls "$TMP"/base/version_0/record.json > /dev/null
+    rm -rf "$TMP"
     echo "one-step fit: ok"
-    echo "check: ok ($("$PY" -c 'import torch, lightning; print("torch", torch.__version__, "lightning", lightning.__version__)'))"
+    echo "check: ok"
     exit 0
 fi
 
-if [[ $DRY == 1 ]]; then
+if [[ $MODE == dry ]]; then
     SLUG="cuda-<gpu>"
 else
     "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device visible to torch')"
@@ -72,21 +86,35 @@ step() {  # step NAME SECONDS COMMAND...
     local name="$1" cap="$2"
     shift 2
     echo "== $name (at most ${cap}s): $*"
-    [[ $DRY == 1 ]] && return 0
+    [[ $MODE == dry ]] && return 0
     local start=$SECONDS rc=0
     timeout --signal=TERM --kill-after=15 "$cap" "$@" || rc=$?
     echo "== $name: exit $rc after $((SECONDS - start))s"
     [[ $rc == 0 ]] || failed+=("$name (exit $rc)")
 }
 
-# Effective batch 128 (the CPU study's, so the two compare), more steps for steadier times; the budget
-# runs find the largest batch that fits 40 GiB: the realistic GPU batch sizes.
-STUDY=(-m modelwright study --accelerator cuda --results "$RESULTS" --warmup-steps 3 --steps 10
-       --budget-gib 40 --run-timeout-s 90 --no-readme)
-step "study resnet18" 210 "$PY" "${STUDY[@]}"
-step "study vit" 120 "$PY" "${STUDY[@]}" --plan configs/study/plan_vit.yaml
-step "overhead resnet18" 120 "$PY" benchmarks/overhead.py --accelerator cuda --batch-size 256 \
-    --warmup 5 --steps 30 --repeats 3 --run-timeout-s 60 --out "$OUT/overhead-resnet18.json"
+# The plans' GPU window: 3 warm-up and 20 measured steps, 3 fresh-process repeats, round-robin. Effective batch 128
+# (the CPU study's, so the two compare); the budget runs find the largest batch that fits 40 GiB, confirmed by a
+# run at it and one a few percent over: the realistic GPU batch sizes. The studies leave the README alone.
+STUDY=(-m modelwright study --accelerator cuda --results "$RESULTS" --budget_gib 40 --run_timeout_s 120
+       --readme null)
+for part in "${PARTS[@]}"; do
+    case "$part" in
+        study) step "study resnet18" 540 "$PY" "${STUDY[@]}" ;;
+        extra) step "study extra" 150 "$PY" "${STUDY[@]}" --plan configs/study/plan_extra.yaml ;;
+        vit) step "study vit" 150 "$PY" "${STUDY[@]}" --plan configs/study/plan_vit.yaml ;;
+        attention)
+            if [[ -f benchmarks/attention.py ]]; then
+                step "attention" 90 "$PY" benchmarks/attention.py --device cuda --dtype bfloat16 --batch 8 \
+                    --seqs 1024 2048 4096 8192 16384 --impls naive sdpa sdpa-flash sdpa-efficient sdpa-math --out "$OUT"
+            else
+                echo "== attention: benchmarks/attention.py not in this checkout; skipped"
+            fi ;;
+        overhead) step "overhead resnet18" 120 "$PY" benchmarks/overhead.py --accelerator cuda --batch-size 256 \
+                      --warmup 5 --steps 30 --repeats 3 --run-timeout-s 60 --out "$OUT/overhead-resnet18.json" ;;
+        *) echo "unknown part: $part (parts: study extra vit attention overhead)" >&2; exit 2 ;;
+    esac
+done
 
 echo "results: $OUT/"
 if (( ${#failed[@]} )); then

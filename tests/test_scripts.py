@@ -1,4 +1,4 @@
-"""scripts/gpu_run.sh: its dry run lists the parts, and its check (imports, config, one step) passes here."""
+"""scripts/gpu_run.sh: its dry run lists the parts, and its check (imports, plans, one step) passes here."""
 
 from __future__ import annotations
 
@@ -14,17 +14,25 @@ SCRIPT = REPO_ROOT / "scripts" / "gpu_run.sh"
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable}
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=420)
 
 
-def test_dry_run_lists_the_three_parts():
+def test_dry_run_lists_every_part_with_the_current_command_line():
     proc = _run("--dry-run")
     assert proc.returncode == 0, proc.stderr
-    for part in ("== study resnet18", "== study vit", "== overhead resnet18", "--plan configs/study/plan_vit.yaml"):
-        assert part in proc.stdout
+    out = proc.stdout
+    for part in ("== study resnet18", "== study extra", "== study vit", "== overhead resnet18",
+                 "-m modelwright study --accelerator cuda", "--budget_gib 40", "--plan configs/study/plan_vit.yaml"):
+        assert part in out, part
+    assert ("== attention (at most" in out) == (REPO_ROOT / "benchmarks" / "attention.py").is_file()
+    only = _run("--dry-run", "overhead")
+    assert "== overhead resnet18" in only.stdout and "== study" not in only.stdout
+    bad = _run("--dry-run", "nope")
+    assert bad.returncode == 2 and "unknown part: nope" in bad.stderr
 
 
-def test_check_imports_parses_and_trains_one_step():
+def test_check_imports_resolves_the_plans_and_trains_one_step():
     proc = _run("--check")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "imports: ok" in proc.stdout and "one-step fit: ok" in proc.stdout and "check: ok" in proc.stdout
+    for line in ("imports: ok", "plans: ok", "one-step fit: ok", "check: ok"):
+        assert line in proc.stdout, line

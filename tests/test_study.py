@@ -1,233 +1,242 @@
-"""The study runner: plan checks, config resolution and identity, the budget prediction, and a tiny study end to end.
-
-The end-to-end tests share one tiny study (smallcnn, batch 8, 2 measured steps, runs in child processes):
-two runs that work and one that crashes between them, plus one largest-batch confirmation run.
-"""
+"""The study: plans, configs resolved by LightningCLI, the budget phase, predictions, the lock, the children's group,
+and a tiny study end to end (smallcnn, batch 8, child processes)."""
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from modelwright import study
+from modelwright import REPO_ROOT, planner
+from modelwright import __main__ as cli
 from modelwright.errors import ConfigError
 from modelwright.record import append_record, new_record, read_records
+from modelwright.study import budget, plan, runner
 
 SLUG = "cpu-test-2cores"
+TINY = {"data.batch_size": 8, "data.train_size": 32, "data.val_size": 16}
 
 
-def _write_plan(path: Path, text: str) -> Path:
+def _settings(**kw) -> plan.Settings:
+    base = dict(slug=SLUG, accelerator="cpu", warmup_steps=1, measured_steps=2, repeats=1, val_batches=0,
+                model="smallcnn", overrides={})
+    return plan.Settings(**{**base, **kw})
+
+
+def _write(path: Path, text: str) -> Path:
     path.write_text(text, encoding="utf-8")
     return path
 
 
-def _settings(**kw) -> study.Settings:
-    base = dict(
-        slug=SLUG,
-        accelerator="cpu",
-        warmup_steps=1,
-        measured_steps=2,
-        repeats=1,
-        val_batches=1,
-        model="smallcnn",
-        set_overrides={},
-    )
-    base.update(kw)
-    return study.Settings(**base)
+# -- plans ---------------------------------------------------------------------------------------------------------
 
 
-# --------------------------------------------------------------------------------------------------
-# Plans
-# --------------------------------------------------------------------------------------------------
+def test_default_plan_keeps_the_core_rows_and_measures_noise():
+    default = plan.load_plan(plan.DEFAULT_PLAN)
+    names = [e.name for e in default.entries]
+    assert names[0] == "baseline"
+    assert {"baseline", "amp", "accumulate", "checkpointing-block", "all", "ddp", "fsdp2"} <= set(names)
+    extra = [e.name for e in plan.load_plan(REPO_ROOT / "configs/study/plan_extra.yaml").entries]
+    for moved in ("contiguous", "system-malloc", "fused", "compile", "checkpointing-stage"):
+        assert moved in extra and moved not in names
+    assert default.repeats >= 3
+    assert plan.for_device(default.measured_steps, "cpu") >= 10
+    assert plan.for_device(default.measured_steps, "cuda") >= 20
+    specs = [plan.build_spec(e, i, _settings(model=None)) for i, e in enumerate(default.entries) if not e.accelerators]
+    assert {plan.effective_batch(s.resolved) for s in specs} == {128}
+    plan.check_effective_batch(specs, default.entries)
 
 
-def test_default_plan_loads_and_keeps_the_effective_batch():
-    plan = study.load_plan(study.DEFAULT_PLAN)
-    names = [e.name for e in plan.entries]
-    for name in (
-        "baseline",
-        "amp",
-        "accumulate",
-        "checkpointing-stage",
-        "checkpointing-block",
-        "all",
-        "contiguous",
-        "compile",
-        "fused",
-        "amp-fp16",
-    ):
-        assert name in names
-    assert plan.model == "resnet18"
-    assert next(e for e in plan.entries if e.name == "amp-fp16").accelerators == ["cuda"]
-    specs = [study.build_spec(e, i, _settings(model=None)) for i, e in enumerate(plan.entries)]
-    assert {study.effective_batch(s.resolved) for s in specs} == {128}
-    study.check_effective_batch(specs, plan.entries)  # raises if any run trained on another batch
-
-
-@pytest.mark.parametrize(
-    "text, message",
-    [
-        ("runs: []\n", "runs: must be a non-empty list"),
-        ("runs:\n  - {name: a, config: configs/nope.yaml}\n", "runs[0].config: no config file at configs/nope.yaml"),
-        ("runs:\n  - {name: a}\n  - {name: a}\n", "runs[1].name: 'a' appears twice"),
-        ("speed: 2\nruns:\n  - {name: a}\n", "unknown key 'speed'"),
-        ("runs:\n  - {name: a, colour: red}\n", "runs[0]: unknown key 'colour'"),
-        ("measured_steps: 0\nruns:\n  - {name: a}\n", "measured_steps: must be an integer >= 1"),
-        ("budget: {gib: 1, runs: [b]}\nruns:\n  - {name: a}\n", "budget.runs: 'b' is not a run of this plan"),
-    ],
-)
+@pytest.mark.parametrize("text, message", [
+    ("runs: []\n", "runs: must be a non-empty list"),
+    ("runs:\n  - {name: a, config: configs/nope.yaml}\n", "runs[0].config: no config file at configs/nope.yaml"),
+    ("runs:\n  - {name: a}\n  - {name: a}\n", "runs[1].name: 'a' appears twice"),
+    ("speed: 2\nruns:\n  - {name: a}\n", "unknown key 'speed'"),
+    ("runs:\n  - {name: a, colour: red}\n", "runs[0]: unknown key 'colour'"),
+    ("measured_steps: {cpu: 0}\nruns:\n  - {name: a}\n", "measured_steps: must be an integer >= 1"),
+    ("repeats: 0\nruns:\n  - {name: a}\n", "repeats: must be an integer >= 1"),
+    ("budget: {gib: 1, runs: [b]}\nruns:\n  - {name: a}\n", "budget.runs: 'b' is not a run of this plan"),
+])
 def test_bad_plans_are_one_line_errors(tmp_path, text, message):
-    plan = _write_plan(tmp_path / "plan.yaml", text)
     with pytest.raises(ConfigError) as err:
-        study.load_plan(plan)
-    assert message in str(err.value)
-    assert "\n" not in str(err.value)
+        plan.load_plan(_write(tmp_path / "plan.yaml", text))
+    assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_effective_batch_mismatch_is_refused_unless_the_run_is_about_batch():
-    base = study.Entry("baseline", "configs/baseline.yaml")
-    small = study.Entry("small", "configs/baseline.yaml", {"data.batch_size": 32})
-    specs = [study.build_spec(base, 0, _settings()), study.build_spec(small, 1, _settings())]
+    base = plan.Entry("baseline", "configs/baseline.yaml")
+    small = plan.Entry("small", "configs/baseline.yaml", {"data.batch_size": 32})
+    specs = [plan.build_spec(base, 0, _settings()), plan.build_spec(small, 1, _settings())]
     with pytest.raises(ConfigError, match="runs.small: effective batch 32 differs from baseline's 128"):
-        study.check_effective_batch(specs, [base, small])
+        plan.check_effective_batch(specs, [base, small])
     small.vary_batch = True
-    study.check_effective_batch(specs, [base, small])
+    plan.check_effective_batch(specs, [base, small])
 
 
-# --------------------------------------------------------------------------------------------------
-# Resolution, identity and the child's command line
-# --------------------------------------------------------------------------------------------------
+# -- configs: LightningCLI's parse, identity, the child's command line ----------------------------------------------
 
 
-def test_resolve_config_merges_base_delta_and_overrides():
-    resolved = study.resolve_config(["configs/accumulate.yaml"], {"model.lr": 0.1, "trainer.devices": 2})
-    assert resolved["data"]["batch_size"] == 32  # the delta
-    assert resolved["trainer"]["accumulate_grad_batches"] == 4
-    assert resolved["model"]["lr"] == 0.1  # the override
-    assert resolved["model"]["weight_decay"] == 0.05  # base.yaml
+def test_resolve_config_is_lightningclis_own_parse():
+    resolved = plan.resolve_config(["configs/accumulate.yaml"], {"model.lr": 0.1, "trainer.devices": 2})
+    assert resolved["data"]["batch_size"] == 32 and resolved["trainer"]["accumulate_grad_batches"] == 4  # the delta
+    assert resolved["model"]["lr"] == 0.1 and resolved["model"]["weight_decay"] == 0.05  # override, base.yaml
     assert resolved["trainer"]["logger"]["init_args"]["name"] == "accumulate"
-    assert resolved["trainer"]["logger"]["init_args"]["default_hp_metric"] is False  # merged, not replaced
-    assert study.effective_batch(resolved) == 32 * 4 * 2
+    # Defaults no YAML file names: only the CLI's parser knows them (a merge of the files did not).
+    assert resolved["trainer"]["logger"]["init_args"]["flush_secs"] == 120
+    assert resolved["model"]["label_smoothing"] == 0.0
+    assert plan.effective_batch(resolved) == 32 * 4 * 2
+    with pytest.raises(ConfigError) as err:  # what the child would refuse, refused before anything runs
+        plan.build_spec(plan.Entry("bad", None, {"model.model_name": "no-such-model"}), 0, _settings(model=None))
+    assert str(err.value).startswith("runs.bad: model.model_name") and "\n" not in str(err.value)
 
 
-def test_window_overrides_and_hash():
-    entry = study.Entry("accumulate", "configs/accumulate.yaml")
-    spec = study.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3))
+def test_window_overrides_hash_and_command():
+    entry = plan.Entry("accumulate", "configs/accumulate.yaml")
+    spec = plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3))
     o = spec.overrides
-    assert spec.total_steps == 2 + 1 + 3
-    assert o["trainer.max_steps"] == 6
-    assert o["trainer.limit_train_batches"] == 6 * 4  # micro-batches: steps × accumulation
-    assert o["model.model_name"] == "smallcnn"
-    timer = next(c for c in spec.callbacks if c["class_path"].endswith("StepTimeMonitor"))
+    assert o["trainer.max_steps"] == 6 and o["trainer.limit_train_batches"] == 6 * 4  # micro-batches: steps × accum
+    assert o["model.model_name"] == "smallcnn" and spec.measured_steps == 3
+    callbacks = spec.resolved["trainer"]["callbacks"]
+    timer = next(c for c in callbacks if c["class_path"].endswith("StepTimeMonitor"))
     assert timer["init_args"]["warmup_steps"] == 2
-    assert not any(c["class_path"].endswith("ModelCheckpoint") for c in spec.callbacks)
-    again = study.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3))
-    assert again.config_hash == spec.config_hash
-    assert study.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=4)).config_hash != spec.config_hash
-    assert study.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3, slug="other")).config_hash != (
-        spec.config_hash
-    )
-
-    args = study.command(spec, study.REPO_ROOT / "lightning_logs" / "study" / "x")
+    assert not any(c["class_path"].endswith("ModelCheckpoint") for c in callbacks)
+    assert plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3)).config_hash == spec.config_hash
+    assert plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=4)).config_hash != spec.config_hash
+    other = plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3, slug="other"))
+    assert other.config_hash != spec.config_hash
+    args = plan.command(spec, REPO_ROOT / "lightning_logs" / "study" / "x")
     assert args[:4] == ["main.py", "fit", "--config", "configs/accumulate.yaml"]
-    assert "--config" in args and "lightning_logs/study/x/callbacks.yaml" in args  # relative: no machine paths
-    assert "--trainer.max_steps=6" in args
-    assert "--trainer.enable_checkpointing=false" in args
+    assert "lightning_logs/study/x/callbacks.yaml" in args  # relative: no machine paths
+    assert "--trainer.max_steps=6" in args and "--trainer.enable_checkpointing=false" in args
 
 
 def test_patch_callbacks_needs_the_run_record():
     with pytest.raises(ConfigError, match="trainer.callbacks: the study needs callbacks.run_record.RunRecord"):
-        study.patch_callbacks([{"class_path": "callbacks.step_timer.StepTimeMonitor"}], 1, "r.json")
-    out = study.patch_callbacks(
-        [{"class_path": "callbacks.run_record.RunRecord", "init_args": {"records_jsonl": "x.jsonl"}}], 1, "r.json"
-    )
-    assert out[0]["init_args"] == {"records_jsonl": None, "record_path": "r.json"}
+        plan.patch_callbacks([{"class_path": "callbacks.step_timer.StepTimeMonitor"}], 1, "r.json")
+    out = plan.patch_callbacks(
+        [{"class_path": "callbacks.run_record.RunRecord", "init_args": {"records_jsonl": "x.jsonl", "history": True}}],
+        1, "r.json")
+    assert out[0]["init_args"] == {"records_jsonl": None, "record_path": "r.json", "history": True}
 
 
 def test_failures_are_classified_and_summarised():
     output = "Seed set to 0\nTraceback (most recent call last):\n  File x\nRuntimeError: boom happened\nextra\n"
-    assert study.error_line(output, 1) == "exit status 1: RuntimeError: boom happened"
-    assert study.error_line("error: model.model_name: invalid value 'x'\n", 2) == (
-        "exit status 2: error: model.model_name: invalid value 'x'"
-    )
-    assert study.error_line("", -9) == "killed by signal 9"
-    assert study.classify_failure("torch.OutOfMemoryError: CUDA out of memory.", 1) == "oom"
-    assert study.classify_failure("", -9) == "oom"
-    assert study.classify_failure("ValueError: nope", 1) == "failed"
+    assert runner.error_line(output, 1) == "exit status 1: RuntimeError: boom happened"
+    assert runner.error_line("", -9) == "killed by signal 9"
+    assert runner.classify_failure("torch.OutOfMemoryError: CUDA out of memory.", 1) == "oom"
+    assert runner.classify_failure("", -9) == "oom" and runner.classify_failure("ValueError: no", 1) == "failed"
 
 
 def test_slugs():
-    assert study.slugify("Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz") == "intel-xeon-gold-6338"
-    assert study.slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
-    assert study.slugify("AMD EPYC 7763 64-Core Processor") == "amd-epyc-7763-64-core"
+    from modelwright.study import slugify
+
+    assert slugify("Intel(R) Xeon(R) Gold 6338 CPU @ 2.00GHz") == "intel-xeon-gold-6338"
+    assert slugify("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
-# --------------------------------------------------------------------------------------------------
-# Largest batch per budget
-# --------------------------------------------------------------------------------------------------
+# -- largest batch per budget --------------------------------------------------------------------------------------
 
 
-def test_predict_largest_batch_from_the_anatomy():
-    anatomy = {
-        "parameters": 40.0,
-        "gradients": 40.0,
-        "optimizer_state": 80.0,
-        "activations": 500.0,
-        "temporaries": 12.0,
-        "other": 0.0,
-    }
-    p = study.predict_largest_batch(anatomy, peak_mib=672.0, batch=128, budget_mib=1024.0)
-    assert p["per_sample_mib"] == pytest.approx(512.0 / 128)
-    assert p["fixed_mib"] == pytest.approx(160.0)
-    assert p["batch"] == 216  # (1024 - 160) / 4
-    assert p["predicted_peak_mib"] == pytest.approx(160.0 + 4.0 * 216) and p["predicted_peak_mib"] <= 1024.0
-    assert study.predict_largest_batch(anatomy, 672.0, 128, budget_mib=100.0)["batch"] == 0
+def test_predictions_from_the_anatomy_and_from_two_points():
+    anatomy = {"parameters": 40.0, "gradients": 40.0, "optimizer_state": 80.0, "activations": 500.0,
+               "temporaries": 12.0, "other": 0.0}
+    p = budget.predict_largest_batch(anatomy, peak_mib=672.0, batch=128, budget_mib=1024.0)
+    assert p["per_sample_mib"] == pytest.approx(4.0) and p["fixed_mib"] == pytest.approx(160.0)
+    assert p["batch"] == 216 and p["predicted_peak_mib"] == pytest.approx(1024.0)  # (1024 - 160) / 4
+    assert budget.predict_largest_batch(anatomy, 672.0, 128, budget_mib=100.0)["batch"] == 0
+    line = budget.predict_from_two_points(100, 500.0, 200, 900.0, budget_mib=1000.0)
+    assert line["per_sample_mib"] == pytest.approx(4.0) and line["batch"] == 225
 
 
-def test_two_point_prediction_is_the_line_through_both():
-    p = study.predict_from_two_points(100, 500.0, 200, 900.0, budget_mib=1000.0)
-    assert p["per_sample_mib"] == pytest.approx(4.0)
-    assert p["fixed_mib"] == pytest.approx(100.0)
-    assert p["batch"] == 225
-
-
-def _fake_record(batch: int, accumulate: int, activations_per_sample: float, fixed: float = 20.0) -> dict:
+def _fake_record(batch: int, accumulate: int, per_sample: float, fixed: float = 20.0, **extra) -> dict:
     record = new_record(run_id=f"b{batch}")
-    anatomy = {"parameters": fixed / 2, "optimizer_state": fixed / 2, "activations": activations_per_sample * batch}
+    anatomy = {"parameters": fixed / 2, "optimizer_state": fixed / 2, "activations": per_sample * batch}
     anatomy["total"] = sum(anatomy.values())
     record["memory"].update(anatomy_mib=anatomy, peak_allocated_mib=anatomy["total"])
-    record["techniques"].update(micro_batch_size=batch, accumulate_grad_batches=accumulate)
-    return record
+    record["techniques"].update(micro_batch_size=batch, accumulate_grad_batches=accumulate, model_name="smallcnn")
+    return {**record, **extra}
 
 
-def test_budget_phase_probes_an_accumulating_run_and_corrects_an_overshoot(tmp_path):
-    entry = study.Entry("all", "configs/all.yaml")  # bf16 + checkpointing + 4 × 32
-    plan = study.Plan(path="p", entries=[entry], budget_runs=["all"])
-    s = study.Study(plan, _settings(), tmp_path / SLUG, tmp_path / "work")
-    main = study.build_spec(entry, 0, _settings())
-    # The accumulating run's anatomy claims 2 MiB per sample; alone, a micro-batch holds 1 MiB per sample
-    # up to batch 100 and 1.5 above (a step the linear model cannot see from one point).
-    s.done[main.key] = _fake_record(32, 4, activations_per_sample=2.0)
+def _budget_study(tmp_path, entries, budget_runs):
+    study = runner.Study(plan.Plan("p", entries, budget_runs=budget_runs), _settings(), tmp_path / SLUG, tmp_path)
     ran: list[tuple[int, int, dict]] = []
 
     def fake_run(spec, progress):
-        batch = study.get_dotted(spec.resolved, "data.batch_size")
-        accumulate = study.get_dotted(spec.resolved, "trainer.accumulate_grad_batches")
-        ran.append((batch, accumulate, spec.extra))
-        return _fake_record(batch, accumulate, 1.0 if batch <= 100 else 1.5)
+        batch = spec.resolved["data"]["batch_size"]
+        ran.append((batch, spec.resolved["trainer"]["accumulate_grad_batches"], spec.extra))
+        return _fake_record(batch, 1, 1.0 if batch <= 130 else 1.5)
 
-    s.run = fake_run
-    study.budget_phase(s, [main], [entry], study.Progress(total=1, to_run=0), budget_mib=200.0)
-    probe, first, second = ran
-    assert probe[:2] == (32, 1) and probe[2]["prediction"] == "probe"
-    assert first[:2] == (180, 1)  # (200 - 20) / 1 MiB per sample, from the probe's anatomy
-    assert first[2]["from_batch"] == 32 and first[2]["predicted_peak_mib"] == pytest.approx(200.0)
-    # 20 + 1.5 × 180 = 290 > 200: the line through (32, 52) and (180, 290) gives the second batch.
-    slope = (290.0 - 52.0) / (180 - 32)
-    assert second[:2] == (int((200.0 - (52.0 - slope * 32)) / slope), 1)
-    assert second[2]["prediction"] == "two-point" and second[2]["attempt"] == 2
+    study.run = fake_run
+    return study, ran
+
+
+def test_budget_probes_corrects_an_overshoot_then_runs_a_few_percent_over(tmp_path):
+    entry = plan.Entry("all", "configs/all.yaml")  # bf16 + checkpointing + 4 × 32
+    study, ran = _budget_study(tmp_path, [entry], ["all"])
+    main = plan.build_spec(entry, 0, _settings())
+    # The accumulating run's anatomy claims 2 MiB per sample; alone, a micro-batch holds 1 MiB per sample up to
+    # batch 130 and 1.5 above (a step the linear model cannot see from one point).
+    study.done[main.key] = _fake_record(32, 4, per_sample=2.0)
+    budget.budget_phase(study, [main], [entry], runner.Progress(0), budget_mib=200.0)
+    probe, first, second, over = ran
+    assert probe[:2] == (32, 1) and probe[2]["role"] == "probe"
+    assert first[:2] == (180, 1) and first[2]["from_batch"] == 32  # (200 - 20) / 1 MiB per sample, from the probe
+    slope = (290.0 - 52.0) / (180 - 32)  # 20 + 1.5 × 180 = 290 > 200: the line through both points
+    assert second[0] == int((200.0 - (52.0 - slope * 32)) / slope) and second[2]["prediction"] == "two-point"
+    assert over[0] == second[0] + math.ceil(second[0] * budget.OVER_FRACTION) and over[2]["role"] == "over"
+    assert over[2]["confirmed_batch"] == second[0]
+
+
+def test_budget_uses_the_planner_when_the_baseline_has_a_profile(tmp_path, monkeypatch):
+    entry = plan.Entry("baseline", "configs/baseline.yaml")
+    study, ran = _budget_study(tmp_path, [entry], ["baseline"])
+    main = plan.build_spec(entry, 0, _settings())
+    study.done[main.key] = _fake_record(128, 1, 1.0, profile={"activations_per_sample_mib": 1.0},
+                                        study={"name": "baseline", "kind": "run"})
+    calls = []
+    monkeypatch.setattr(planner, "largest_batch", lambda rec, cfg, mib: calls.append(mib) or 77, raising=False)
+    budget.budget_phase(study, [main], [entry], runner.Progress(0), budget_mib=200.0)
+    assert calls == [200.0]
+    assert [(b, x["role"]) for b, _, x in ran] == [(77, "confirm"), (81, "over")]  # no probe: 77 + ceil(3.85)
+    assert ran[0][2]["prediction"] == "planner"
+
+
+# -- runs: predictions before, provenance, resume ------------------------------------------------------------------
+
+
+def test_a_run_writes_its_prediction_before_it_starts(tmp_path, monkeypatch):
+    entry = plan.Entry("baseline", "configs/baseline.yaml")
+    cmd = ["python", "-m", "modelwright", "study", "--repeats=2"]
+    study = runner.Study(plan.Plan("p", [entry]), _settings(), tmp_path / SLUG, tmp_path / "work", cmd=cmd)
+    spec = plan.build_spec(entry, 0, _settings(), repeat=1)
+    study.done[("run", "earlier", 0)] = _fake_record(8, 1, 1.0, profile={"x": 1}, run_id="base0",
+                                                     study={"name": "baseline", "kind": "run"})
+    monkeypatch.setattr(planner, "predict_peak_mib", lambda rec, cfg: {"total": 12.5}, raising=False)
+    seen = {}
+
+    def fake_child(args, log_path, env, timeout_s, tick):
+        seen["predictions"] = read_records(tmp_path / SLUG / "predictions.jsonl")  # already there at the start
+        seen["env"] = env["MODELWRIGHT_COMMAND"]
+        log_path.write_text("")
+        (log_path.parent / "record.json").write_text(json.dumps(_fake_record(8, 1, 1.0)))
+        return 0, False
+
+    monkeypatch.setattr(runner, "run_child", fake_child)
+    record = study.run(spec, runner.Progress(1))
+    [line] = seen["predictions"]
+    assert line["run"] == "baseline" and line["config_hash"] == spec.config_hash
+    assert line["predicted_mib"] == {"total": 12.5}
+    assert line["from_run_id"] == "base0" and record["prediction"] == line
+    assert seen["env"] == " ".join(cmd) and record["provenance"]["command"] == " ".join(cmd)
+    assert record["study"]["repeat"] == 1 and record["study"]["name"] == "baseline"
+    assert read_records(tmp_path / SLUG / "records.jsonl")[-1]["prediction"] == line
 
 
 def test_resume_reads_past_a_torn_last_line(tmp_path):
@@ -237,154 +246,170 @@ def test_resume_reads_past_a_torn_last_line(tmp_path):
     append_record(records, record)
     with records.open("ab") as f:
         f.write(b'{"schema_version": 1, "run_id": "torn')  # what a kill -9 mid-write could leave
-    plan = study.Plan(path="p", entries=[study.Entry("a", None)])
-    with pytest.warns(UserWarning, match="skipped damaged record line"):
-        s = study.Study(plan, _settings(), tmp_path / SLUG, tmp_path / "work")
-    assert set(s.done) == {("run", "h1", 0)}
+    with pytest.warns(UserWarning):
+        study = runner.Study(plan.Plan("p", [plan.Entry("a", None)]), _settings(), tmp_path / SLUG, tmp_path)
+    assert set(study.done) == {("run", "h1", 0)}
 
 
-# --------------------------------------------------------------------------------------------------
-# A tiny study end to end (child processes)
-# --------------------------------------------------------------------------------------------------
+# -- the command: order of repeats, the lock, no orphans -----------------------------------------------------------
 
 TINY_PLAN = """\
 model: smallcnn
 warmup_steps: 1
 measured_steps: 2
-val_batches: 1
+repeats: 1
 budget: {gib: 0.03, runs: [baseline]}
 runs:
-  - name: baseline
-    config: configs/baseline.yaml
   - name: broken
     config: configs/baseline.yaml
-    overrides: {model.model_name: no-such-model}
-  - name: amp
-    config: configs/amp.yaml
+    overrides: {model.lr: -1.0}
+  - name: baseline
+    config: configs/baseline.yaml
 """
 
 
-def _study_args(root: Path) -> list[str]:
-    return [
-        "--plan",
-        str(root / "plan.yaml"),
-        "--slug",
-        SLUG,
-        "--accelerator",
-        "cpu",
-        "--set",
-        "data.batch_size=8",
-        "--set",
-        "data.train_size=32",
-        "--set",
-        "data.val_size=16",
-        "--results",
-        str(root / "results"),
-        "--workdir",
-        str(root / "work"),
-        "--readme",
-        str(root / "README.md"),
-    ]
+def _args(root: Path, *extra: str) -> list[str]:
+    return ["study", "--plan", str(root / "plan.yaml"), "--slug", SLUG, "--accelerator", "cpu",
+            "--overrides", json.dumps(TINY), "--results", str(root / "results"), "--workdir", str(root / "work"),
+            "--readme", "null", *extra]
+
+
+def test_repeats_run_round_robin(tmp_path, capsys):
+    _write(tmp_path / "plan.yaml", TINY_PLAN)
+    assert cli.main(_args(tmp_path, "--repeats", "2", "--dry_run", "true")) == 0
+    err = capsys.readouterr().err
+    order = [line.split("[")[0].strip() for line in err.splitlines() if " r0 [" in line or " r1 [" in line]
+    assert order == ["broken r0", "baseline r0", "broken r1", "baseline r1"]
+    assert "4 runs (4 to run; 2 repeats, round-robin)" in err
+
+
+def test_lock_refuses_a_live_study_and_takes_over_a_dead_ones(tmp_path):
+    folder = tmp_path / SLUG
+    folder.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _write(folder / "study.lock", f"{sleeper.pid}\n")
+        with pytest.raises(ConfigError, match=rf"another study \(PID {sleeper.pid}\) is running"):
+            with runner.study_lock(folder):
+                pass
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with runner.study_lock(folder) as lock:  # its PID is dead now: taken over
+        assert runner.lock_owner(lock) == os.getpid()
+    assert not (folder / "study.lock").exists()
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            children.setdefault(int(stat.read_text().rsplit(")", 1)[1].split()[1]), []).append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_study_leaves_no_child_and_a_second_study_is_refused(tmp_path, capsys, subprocess_env):
+    _write(tmp_path / "plan.yaml", "model: smallcnn\nmeasured_steps: 3000\nrepeats: 1\n"
+           "runs:\n  - {name: baseline, config: configs/baseline.yaml}\n")
+    args = [*_args(tmp_path), "--overrides", json.dumps({"data.batch_size": 2})]
+    proc = subprocess.Popen([sys.executable, "-m", "modelwright", *args], cwd=REPO_ROOT, env=subprocess_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not list((tmp_path / "work").rglob("events.out.tfevents*")):  # the child is training
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.5)
+        assert cli.main(args) == 2  # beside a live study of the same results: refused
+        errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error")]
+        assert len(errors) == 1 and f"another study (PID {proc.pid}) is running" in errors[0]
+        family = _descendants(proc.pid)
+        assert len(family) >= 2  # the guard and the run
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in family) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in family if _alive(pid)]
+    finally:
+        proc.kill()
+        for pid in _descendants(proc.pid):  # only if the test failed: leave nothing behind
+            os.kill(pid, signal.SIGKILL)
+
+
+# -- a tiny study end to end ---------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def tiny_study(tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
-    _write_plan(root / "plan.yaml", TINY_PLAN)
-    (root / "README.md").write_text(
-        "# Project\n\nIntro.\n\n<!-- results:start -->\nSTALE-SECTION\n<!-- results:end -->\n\nEnd.\n"
-    )
+    _write(root / "plan.yaml", TINY_PLAN)
     mp = pytest.MonkeyPatch()
     mp.setenv("OMP_NUM_THREADS", "1")
+    mp.setenv("MODELWRIGHT_CACHE_DIR", str(root / "cache"))
     try:
-        code = study.main(_study_args(root))
+        code = cli.main(_args(root))
     finally:
         mp.undo()
-    return root, code
+    return root, code, read_records(root / "results" / SLUG / "records.jsonl")
 
 
-def _records(root: Path) -> list[dict]:
-    return read_records(root / "results" / SLUG / "records.jsonl")
-
-
-def test_tiny_study_writes_every_output(tiny_study):
-    root, code = tiny_study
+def test_tiny_study_records_every_run_and_goes_on_after_a_crash(tiny_study):
+    root, code, records = tiny_study
     assert code == 0
-    out = root / "results" / SLUG
-    for name in (
-        "records.jsonl",
-        "table.md",
-        "summary.json",
-        "study.json",
-        "memory_anatomy.png",
-        "step_time.png",
-        "memory_vs_time.png",
-        "loss_curves.png",
-        "largest_batch.png",
-    ):
-        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
-    by_name = {(r["study"]["name"], r["study"]["kind"]): r for r in _records(root)}
-    base = by_name[("baseline", "run")]
-    assert base["status"] == "ok"
-    assert base["timing"]["measured_steps"] == 2
-    assert base["techniques"]["model_name"] == "smallcnn"
-    assert base["techniques"]["effective_batch_size"] == 8
-    assert base["memory"]["anatomy_mib"]["activations"] > 0
-    assert base["metrics"]["val/acc"] is not None
-    assert len(base["history"]["train/loss"]) == 4  # warm-up + anatomy + 2 measured steps
-    assert by_name[("amp", "run")]["techniques"]["precision"] == "bf16-mixed"
-
-    table = (out / "table.md").read_text()
-    assert "| baseline | 32-true, 8," in table and "| amp | bf16-mixed, 8," in table
-    summary = json.loads((out / "summary.json").read_text())
-    assert [r["name"] for r in summary["runs"]] == ["baseline", "broken", "amp"]
-    assert summary["runs"][0]["memory_vs_reference"] == 1.0
-
-    readme = (root / "README.md").read_text()
-    assert readme.startswith("# Project\n\nIntro.\n\n<!-- results:start -->\n")
-    assert readme.endswith("<!-- results:end -->\n\nEnd.\n")
-    assert "STALE-SECTION" not in readme
-    assert f"![Peak tensor memory per run, by what holds it](results/{SLUG}/memory_anatomy.png)" in readme
+    for name in ("records.jsonl", "study.json", "table.md"):
+        assert (root / "results" / SLUG / name).stat().st_size > 0, name
+    runs = [r for r in records if r["study"]["kind"] == "run"]
+    assert [(r["study"]["name"], r["status"]) for r in runs] == [("broken", "failed"), ("baseline", "ok")]
+    broken, base = runs
+    assert base["timing"]["measured_steps"] == 2 and base["study"]["repeat"] == 0
+    assert base["techniques"]["model_name"] == "smallcnn" and base["techniques"]["effective_batch_size"] == 8
+    assert broken["error"].startswith("exit status 2: error: model.lr") and broken["study"]["output_tail"]
+    assert broken["techniques"]["model_name"] == "smallcnn" and broken["provenance"]["commit"]
+    for r in records:
+        assert r["provenance"]["command"].startswith("python -m modelwright study --plan=")
 
 
-def test_a_crashing_run_is_recorded_and_the_next_still_runs(tiny_study):
-    root, _ = tiny_study
-    names = [(r["study"]["name"], r["status"]) for r in _records(root) if r["study"]["kind"] == "run"]
-    assert names == [("baseline", "ok"), ("broken", "failed"), ("amp", "ok")]
-    broken = next(r for r in _records(root) if r["study"]["name"] == "broken")
-    assert broken["error"].startswith("exit status 2: error: model.model_name")
-    assert broken["study"]["output_tail"]
-    assert broken["techniques"]["model_name"] == "no-such-model"
-    table = (root / "results" / SLUG / "table.md").read_text()
-    assert "| broken | failed | exit status 2: error: model.model_name" in table
+def test_tiny_study_confirms_the_budget_batch_and_one_a_few_percent_over(tiny_study):
+    _, _, records = tiny_study
+    confirm, over = [r for r in records if r["study"]["kind"] == "budget"]
+    budget_mib = 0.03 * 1024
+    assert confirm["study"]["role"] == "confirm" and confirm["study"]["predicted_batch"] > 8
+    assert confirm["techniques"]["micro_batch_size"] == confirm["study"]["predicted_batch"]
+    assert budget.record_peak_mib(confirm) <= budget_mib
+    assert budget.record_peak_mib(confirm) == pytest.approx(confirm["study"]["predicted_peak_mib"], rel=0.1)
+    b = confirm["techniques"]["micro_batch_size"]
+    assert over["study"]["role"] == "over" and over["techniques"]["micro_batch_size"] == b + math.ceil(0.05 * b)
+    assert budget.record_peak_mib(over) > budget.record_peak_mib(confirm)
 
 
-def test_the_budget_batch_is_confirmed_under_the_budget(tiny_study):
-    root, _ = tiny_study
-    budget = [r for r in _records(root) if r["study"]["kind"] == "budget"]
-    assert len(budget) >= 1
-    last = budget[-1]["study"]
-    assert last["budget_mib"] == pytest.approx(0.03 * 1024)
-    assert last["predicted_batch"] > 8  # the budget holds more than the measured batch of 8
-    assert budget[-1]["techniques"]["micro_batch_size"] == last["predicted_batch"]
-    assert study.record_peak_mib(budget[-1]) <= last["budget_mib"]
-    assert study.record_peak_mib(budget[-1]) == pytest.approx(last["predicted_peak_mib"], rel=0.1)
-
-
-def test_a_rerun_skips_what_is_recorded(tiny_study, capsys, monkeypatch):
-    root, _ = tiny_study
-    before = _records(root)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert study.main([*_study_args(root), "--no-readme"]) == 0
+def test_a_rerun_skips_what_is_recorded(tiny_study, capsys):
+    root, _, records = tiny_study
+    assert cli.main([*_args(root), "--report", "false"]) == 0
     err = capsys.readouterr().err
-    assert "0 to run" in err
-    assert err.count("skipped (recorded") == len(before)
-    assert len(_records(root)) == len(before)
+    assert "(0 to run;" in err and err.count("skipped (recorded") == len(records)
+    assert len(read_records(root / "results" / SLUG / "records.jsonl")) == len(records)
     info = json.loads((root / "results" / SLUG / "study.json").read_text())
-    assert info["runs_executed"] == 0 and info["runs_skipped"] == len(before)
+    assert info["runs_executed"] == 0 and info["runs_skipped"] == len(records) and info["repeat_order"] == "round-robin"
 
 
 def test_usage_errors_exit_2_with_one_line(tmp_path, capsys):
-    assert study.main(["--plan", str(tmp_path / "none.yaml")]) == 2
+    assert cli.main(["study", "--plan", str(tmp_path / "none.yaml")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: --plan: no plan file at") and err.count("\n") == 1
+    assert err.startswith("error: plan: no plan file at") and err.count("\n") == 1
+    assert cli.main(["study", "--repeats", "0"]) == 2
+    assert "repeats" in capsys.readouterr().err

@@ -1,0 +1,31 @@
+"""Runs one study child, and kills its process group when the study dies, even by SIGKILL.
+
+``python _guard.py STUDY_PID COMMAND...``, run as a file (it starts in milliseconds) in a group of its own: the kernel
+sends SIGUSR1 when the study exits (``PR_SET_PDEATHSIG``, Linux), and SIGKILL to the group ends the run and whatever it
+started (another DDP rank). SIGTERM to the group is the study asking the run to stop cleanly: this waits for it.
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+
+
+def _kill_group(*_):
+    os.killpg(0, signal.SIGKILL)
+
+
+signal.signal(signal.SIGUSR1, _kill_group)
+signal.signal(signal.SIGTERM, lambda *_: None)
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGUSR1))  # 1: PR_SET_PDEATHSIG
+except (OSError, AttributeError):  # not Linux: the study's own cleanup still kills the group on a normal exit
+    pass
+if os.getppid() != int(sys.argv[1]):  # the study died before the parent-death signal was armed
+    _kill_group()
+code = subprocess.call(sys.argv[2:])
+if code < 0:  # die of the same signal, so the study sees what ended the run (-9: the OOM killer)
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)

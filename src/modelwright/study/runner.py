@@ -1,0 +1,297 @@
+"""A study's runs: a fresh process each, whose process group dies with the study; resume; failure records;
+predictions written before each run; a lock that keeps two studies off one results folder."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tqdm import tqdm
+
+from modelwright import REPO_ROOT
+from modelwright import record as rec
+from modelwright.errors import ConfigError
+from modelwright.record import get_path
+from modelwright.report import fmt
+from modelwright.study import plan as p
+
+GUARD = Path(__file__).with_name("_guard.py")
+#: Statuses that count as "recorded" for resume. An interrupted run is not a result; a failed or out-of-memory run
+#: is (``retry_failed`` runs those again).
+DONE_STATUSES = ("ok", "oom", "diverged", "failed")
+RETRY_STATUSES = ("failed", "oom")
+STOP_GRACE_S = 30.0
+
+
+@contextlib.contextmanager
+def study_lock(folder: Path) -> Iterator[Path]:
+    """``study.lock`` (the PID) in ``folder`` while a study writes there; a lock left by a dead PID is taken over.
+
+    Raises:
+        ConfigError: a live study holds the lock.
+    """
+    path = folder / "study.lock"
+    folder.mkdir(parents=True, exist_ok=True)
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            break
+        except FileExistsError:
+            pid = lock_owner(path)
+            if pid is not None and _alive(pid):
+                raise ConfigError(f"{p.rel(folder)}: another study (PID {pid}) is running on these results; "
+                                  "wait for it or stop it") from None
+            path.unlink(missing_ok=True)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"{os.getpid()}\n")
+    try:
+        yield path
+    finally:
+        if lock_owner(path) == os.getpid():
+            path.unlink(missing_ok=True)
+
+
+def lock_owner(path: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(path.read_text().split()[0])
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def run_child(args: list[str], log_path: Path, env: Mapping[str, str], timeout_s: float | None,
+              tick: Callable[[float], None]) -> tuple[int, bool]:
+    """Run ``python ARGS`` under the guard (``_guard.py``), in a process group of its own: ``(status, timed out)``.
+
+    On timeout the group gets SIGTERM (the run stops cleanly), SIGKILL after a grace period. However this returns
+    or raises (Ctrl-C, SIGTERM to the study), nothing of the group outlives it; the guard covers a killed study.
+    """
+    t0 = time.perf_counter()
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen([sys.executable, str(GUARD), str(os.getpid()), sys.executable, *args], cwd=REPO_ROOT,
+                                env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    timed_out = False
+    try:
+        while proc.poll() is None:
+            elapsed = time.perf_counter() - t0
+            if timeout_s is not None and elapsed > timeout_s:
+                timed_out = True
+                _signal_group(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=STOP_GRACE_S)
+                break
+            tick(elapsed)
+            time.sleep(0.25)
+    finally:
+        _signal_group(proc.pid, signal.SIGKILL)  # stragglers (another rank), or the run itself on an exception
+        proc.wait()
+    return proc.returncode, timed_out
+
+
+def scrub(text: str) -> str:
+    """``text`` without this machine's paths: the repository, the interpreter's prefix, the home folder."""
+    for path, name in ((str(REPO_ROOT), "."), (sys.prefix, "<python>"), (str(Path.home()), "~")):
+        if path and path not in ("/", "."):
+            text = text.replace(path, name)
+    return text
+
+
+_ERROR_LINE = re.compile(r"^(error:|[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b)")
+
+
+def error_line(output: str, returncode: int) -> str:
+    """One line for a run that left no record: the last error-looking line of its output, with the exit code."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    found = next((line for line in reversed(lines) if _ERROR_LINE.match(line)), lines[-1] if lines else "")
+    how = f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
+    return scrub(f"{how}: {found}")[:500] if found else how
+
+
+def classify_failure(output: str, returncode: int) -> str:
+    """``oom`` for an out-of-memory crash or a process killed by SIGKILL (the kernel's OOM killer), else ``failed``."""
+    low = output.lower()
+    return "oom" if "out of memory" in low or "outofmemoryerror" in low or returncode in (-9, 137) else "failed"
+
+
+def failure_record(spec: p.RunSpec, status: str, error: str, run_id: str, accelerator: str, cmd: list[str]) -> dict:
+    """The record of a run that died before writing its own: what its config says, through the one record builder."""
+    from modelwright.measure import hardware_info, versions  # torch: only needed on this path
+
+    r = spec.resolved
+    techniques = {"model_name": get_path(r, "model.model_name"), "world_size": p.world_size(r),
+                  "accumulate_grad_batches": get_path(r, "trainer.accumulate_grad_batches"),
+                  "precision_requested": str(get_path(r, "trainer.precision")),
+                  "micro_batch_size": get_path(r, "data.batch_size"), "effective_batch_size": p.effective_batch(r)}
+    try:
+        hardware = hardware_info("cuda" if accelerator in ("cuda", "gpu") else "cpu", num_devices=p.world_size(r))
+    except Exception:  # no such device in this process: the schema's nulls stay
+        hardware = None
+    return rec.build_record(loop="lightning", status=status, error=error, run_id=run_id, command=cmd, config=r,
+                            techniques=techniques, hardware=hardware, versions=versions())
+
+
+def planner_functions() -> tuple[Callable | None, Callable | None]:
+    """The planner's ``predict_peak_mib`` and ``largest_batch``, where it has them."""
+    try:
+        from modelwright import planner
+    except ImportError:
+        return None, None
+    return getattr(planner, "predict_peak_mib", None), getattr(planner, "largest_batch", None)
+
+
+def say(text: str) -> None:
+    """A line on stderr, above the progress bar if there is one."""
+    tqdm.write(text, file=sys.stderr)
+
+
+class Progress:
+    """A tqdm bar over the runs to execute (on a terminal only), and one line per run."""
+
+    def __init__(self, to_run: int) -> None:
+        self.bar = tqdm(total=to_run, unit="run", file=sys.stderr, disable=None, dynamic_ncols=True, leave=False)
+        self.say = say
+
+    def add_runs(self, n: int) -> None:
+        self.bar.total = (self.bar.total or 0) + n
+        self.bar.refresh()
+
+    def skipped(self, label: str, why: str, counted: bool = False) -> None:
+        """A run not executed; ``counted`` if it was among the runs to execute."""
+        self.add_runs(-int(counted))
+        say(f"{label}: skipped ({why})")
+
+    def finish(self, label: str, seconds: float, record: Mapping) -> None:
+        self.bar.update(1)
+        peak, step = get_path(record, "memory.peak_allocated_mib"), get_path(record, "timing.step_time_median_ms")
+        how = f"ok, peak {fmt.sig(peak)} MiB, step {fmt.sig(step)} ms" if record["status"] == "ok" else (
+            f"{record['status']}: {record.get('error')}")
+        say(f"{label}: {how} in {fmt.duration(seconds)}")
+
+
+class Study:
+    """Runs specs in fresh processes, appending each record to ``records.jsonl``; skips recorded ones."""
+
+    def __init__(self, plan: p.Plan, settings: p.Settings, results_dir: Path, workdir: Path, *, rerun: bool = False,
+                 retry_failed: bool = False, run_timeout_s: float | None = None, cmd: list[str] | None = None) -> None:
+        self.plan, self.settings, self.workdir = plan, settings, workdir
+        self.records_path, self.predictions_path = results_dir / "records.jsonl", results_dir / "predictions.jsonl"
+        self.rerun, self.retry_failed, self.run_timeout_s = rerun, retry_failed, run_timeout_s
+        self.cmd = cmd or ["python", "-m", "modelwright", "study"]
+        self.done: dict[tuple[str, str, int], dict] = {}
+        self.executed = self.skipped = self.failed = 0
+        for record in rec.read_records(self.records_path) if self.records_path.is_file() else []:
+            s = record.get("study") or {}
+            if record.get("status") in DONE_STATUSES and "config_hash" in s:
+                self.done[(s.get("kind", "run"), s["config_hash"], s.get("repeat", 0))] = record
+
+    def recorded(self, spec: p.RunSpec) -> dict | None:
+        """The record that makes running ``spec`` again unnecessary, if any."""
+        record = None if self.rerun else self.done.get(spec.key)
+        return None if self.retry_failed and record and record.get("status") in RETRY_STATUSES else record
+
+    def baseline(self, model: Any) -> dict | None:
+        """The latest ok record of the plan's first run (its baseline) on ``model`` that carries a ``profile``."""
+        name = self.plan.entries[0].name
+        found = [r for r in self.done.values() if r.get("status") == "ok" and r.get("profile")
+                 and get_path(r, "study.name") == name and get_path(r, "study.kind") == "run"
+                 and get_path(r, "techniques.model_name") == model]
+        return max(found, key=lambda r: r.get("created_at") or "", default=None)
+
+    def predict(self, spec: p.RunSpec) -> dict | None:
+        """The planner's peak for ``spec`` from the baseline's profile, appended to ``predictions.jsonl`` before
+        the run starts, so that no prediction has seen its measurement."""
+        predict_peak_mib, _ = planner_functions()
+        base = self.baseline(get_path(spec.resolved, "model.model_name")) if predict_peak_mib else None
+        if base is None:
+            return None
+        predicted = rec.to_jsonable(predict_peak_mib(base, spec.resolved))
+        line = {"run": spec.name, "kind": spec.kind, "repeat": spec.repeat, "config_hash": spec.config_hash,
+                "from_run_id": base.get("run_id"), "predicted_mib": predicted, "created_at": rec.now_iso()}
+        rec.append_record(self.predictions_path, line, validate=False)
+        return line
+
+    def run(self, spec: p.RunSpec, progress: Progress) -> dict:
+        """The spec's record: the existing one if already recorded, else a fresh run's."""
+        existing = self.recorded(spec)
+        if existing is not None:
+            progress.skipped(spec.label, f"recorded: {existing.get('status')}, config {spec.config_hash}",
+                             counted=spec.kind == "budget")
+            self.skipped += 1
+            return existing
+        prediction = self.predict(spec)
+        progress.bar.set_description(spec.label)
+        run_dir = self.workdir / spec.folder
+        shutil.rmtree(run_dir, ignore_errors=True)  # a stale record of an interrupted attempt must not be read back
+        run_dir.mkdir(parents=True)
+        callbacks = p.patch_callbacks(spec.resolved["trainer"]["callbacks"], self.settings.warmup_steps,
+                                      p.rel(run_dir / "record.json"))
+        (run_dir / "callbacks.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}, sort_keys=False))
+        args = p.command(spec, run_dir)
+        run_id = f"{spec.name}-{spec.config_hash[:8]}-{spec.kind[0]}{spec.repeat}-{time.strftime('%Y%m%dT%H%M%SZ')}"
+        # MODELWRIGHT_COMMAND: the command that reproduces the record is the study's, not the child's
+        env = dict(os.environ, MODELWRIGHT_RUN_ID=run_id, MODELWRIGHT_COMMAND=" ".join(self.cmd), PYTHONUNBUFFERED="1")
+        t0 = time.perf_counter()
+        returncode, timed_out = run_child(args, run_dir / "output.log", env, self.run_timeout_s,
+                                          lambda s: progress.bar.set_postfix_str(fmt.duration(s)))
+        seconds = time.perf_counter() - t0
+        output = (run_dir / "output.log").read_text(encoding="utf-8", errors="replace")
+        record = _read_json(run_dir / "record.json")
+        why = None
+        if timed_out:
+            why = ("failed", f"timed out after {fmt.duration(self.run_timeout_s)}")
+        elif record is None or (returncode != 0 and record.get("status") == "ok"):
+            why = (classify_failure(output, returncode), error_line(output, returncode))
+        elif rec.validate_record(record):
+            why = ("failed", f"invalid record: {rec.validate_record(record)[0]}")
+        if why:
+            record = failure_record(spec, *why, run_id, self.settings.accelerator, self.cmd)
+        record["error"] = scrub(record["error"]) if isinstance(record.get("error"), str) else record.get("error")
+        record["provenance"] = {**(record.get("provenance") or rec.provenance()), "command": " ".join(self.cmd)}
+        record["study"] = {
+            "name": spec.name, "kind": spec.kind, "plan": self.plan.path, "index": spec.index, "repeat": spec.repeat,
+            "repeats": self.settings.repeats if spec.kind == "run" else 1, "config_hash": spec.config_hash,
+            "slug": self.settings.slug, "config_file": spec.config, "overrides": rec.to_jsonable(spec.overrides),
+            "warmup_steps": self.settings.warmup_steps, "measured_steps": spec.measured_steps,
+            "process_wall_s": seconds, "returncode": returncode, "command": "python " + " ".join(args), **spec.extra,
+        }
+        if record["status"] != "ok":
+            record["study"]["output_tail"] = [scrub(x) for x in output.strip().splitlines()[-20:]]
+        if prediction:
+            record["prediction"] = prediction
+        rec.append_record(self.records_path, record)
+        self.done[spec.key] = record
+        self.executed += 1
+        self.failed += record["status"] != "ok"
+        progress.finish(spec.label, seconds, record)
+        return record
+
+
+def _read_json(path: Path) -> dict | None:
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else None
+    return None
