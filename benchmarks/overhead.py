@@ -92,6 +92,7 @@ class Stamps:
 
 def _install_probes(stamps: Stamps) -> None:
     """Wrap the training loader's ``collate_fn`` and the network's first forward, in every loop alike."""
+    import modelwright.loops.accelerate
     import modelwright.train.module
     from modelwright.train.data import ImageDataModule
 
@@ -108,8 +109,16 @@ def _install_probes(stamps: Stamps) -> None:
         net.register_forward_pre_hook(stamps.forward_pre_hook)
         return net
 
+    def image_loader(dataset, args, train, **kwargs):
+        loader = original_image_loader(dataset, args, train, **kwargs)
+        if train:
+            loader.collate_fn = stamps.collate(loader.collate_fn)
+        return loader
+
+    original_image_loader = modelwright.loops.accelerate.image_loader
     ImageDataModule.train_dataloader = train_dataloader
-    modelwright.train.module.build_model = build_model
+    modelwright.train.module.build_model = modelwright.loops.accelerate.build_model = build_model
+    modelwright.loops.accelerate.image_loader = image_loader
 
 
 def _common_overrides(spec: dict[str, Any], log_dir: str) -> list[str]:
@@ -210,7 +219,7 @@ def worker(loop: str, spec_path: Path) -> int:
         elif loop == "accelerate":
             from modelwright.loops.accelerate import main as accelerate_main
 
-            status = accelerate_main(_common_overrides(spec, log_dir))
+            status = accelerate_main([*_common_overrides(spec, log_dir), "--out", log_dir])
         else:
             from modelwright.train.cli import cli_main
 

@@ -1,8 +1,9 @@
-"""Gradient accumulation through Lightning equals one large batch (a model free of BatchNorm: the ViT)."""
+"""Lightning's stepping: accumulation equals one large batch (the ViT: no BatchNorm); gradients freed after a step."""
 
 from __future__ import annotations
 
 import lightning.pytorch as pl
+import pytest
 import torch
 
 from modelwright.train.data import ImageDataModule
@@ -43,3 +44,33 @@ def test_accumulated_gradient_equals_large_batch(tmp_path):
     other = _first_step_gradient(tmp_path, batch_size=4, accumulate=1)
     num_other = sum(((large[n] - other[n]) ** 2).sum() for n in large).sqrt()
     assert num_other / den > 1e-3
+
+
+def _fit_anatomy(tmp_path, monkeypatch, free_after_step: bool):
+    """A 2-step smallcnn fit whose second step's memory is captured by the MemoryMonitor."""
+    from callbacks.memory_monitor import MemoryMonitor
+
+    if not free_after_step:  # Lightning's own order: gradients freed only after the next forward
+        monkeypatch.setattr(ImageClassifier, "optimizer_step", pl.LightningModule.optimizer_step)
+    pl.seed_everything(0)
+    model = ImageClassifier(model_name="smallcnn", scheduler="none")
+    monitor = MemoryMonitor(warmup_steps=1)
+    trainer = pl.Trainer(
+        accelerator="cpu", max_steps=2, callbacks=[monitor], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_path,
+    )
+    trainer.fit(model, ImageDataModule(batch_size=8, train_size=16, val_size=8))
+    return monitor.anatomy_mib, model
+
+
+def test_gradients_are_freed_after_the_optimizer_step(tmp_path, monkeypatch):
+    freed, model = _fit_anatomy(tmp_path, monkeypatch, free_after_step=True)
+    kept, reference = _fit_anatomy(tmp_path, monkeypatch, free_after_step=False)
+    gradient_mib = 576_170 * 4 / 2**20  # smallcnn's fp32 parameters
+    # Lightning's order holds the previous step's full gradients at the peak (the end of the forward); freed
+    # after the step, the peak moves into backward, where only part of the new gradients exist yet.
+    assert kept["gradients"] == pytest.approx(gradient_mib, rel=1e-3)
+    assert freed["gradients"] < 0.9 * gradient_mib
+    assert 0.4 * gradient_mib < kept["total"] - freed["total"] <= gradient_mib + 1e-3
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q), "freeing the gradients earlier must not change the training"

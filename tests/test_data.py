@@ -7,9 +7,9 @@ import torch
 from cifar_fixture import trust_fixture, write_tiny_cifar10
 from conftest import fit_args
 
+from modelwright.errors import ConfigError
 from modelwright.train.cli import cli_main
 from modelwright.train.data import ImageDataModule, synthetic_images
-from modelwright.errors import ConfigError
 
 
 def test_synthetic_is_deterministic_and_cifar_shaped():

@@ -7,7 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from modelwright.errors import ConfigError
-from modelwright.train.models import MODEL_NAMES, apply_gradient_checkpointing, build_model, checkpoint_segments
+from modelwright.train.models import (
+    MODEL_NAMES,
+    apply_gradient_checkpointing,
+    build_model,
+    checkpoint_segments,
+    checkpointed_modules,
+)
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
@@ -54,6 +60,30 @@ def test_checkpointing_gives_same_loss_and_gradients(name, granularity):
     buffers = dict(reference.named_buffers())
     for n, b in checkpointed.named_buffers():
         torch.testing.assert_close(b, buffers[n], rtol=1e-9, atol=0, msg=f"buffer {n}")
+
+
+# Counted from the architectures: resnet18 has 4 stages (layer1..layer4) of 2 BasicBlocks; the small CNN 3 stages
+# of 2 conv blocks; the ViT 6 encoder blocks and no stages.
+@pytest.mark.parametrize(
+    ("name", "granularity", "count"),
+    [("resnet18", "stage", 4), ("resnet18", "block", 8), ("smallcnn", "stage", 3), ("smallcnn", "block", 6),
+     ("vit", "block", 6), ("resnet18", "off", 0)],
+)
+def test_checkpointed_segment_counts(name, granularity, count):
+    model = build_model(name)
+    assert checkpointed_modules(model) == []
+    apply_gradient_checkpointing(model, granularity)
+    assert len(checkpointed_modules(model)) == count
+
+
+def test_the_last_segment_recomputes_too():
+    model = build_model("resnet18")
+    apply_gradient_checkpointing(model, "block")
+    calls = []
+    model.layer4[1].bn2.register_forward_hook(lambda *_: calls.append(1))  # inside the last block
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert len(calls) == 2, "the last block runs forward once more in backward"
+    assert checkpointed_modules(model)[-1] is model.layer4[1]
 
 
 def test_checkpointing_keeps_state_dict_keys():

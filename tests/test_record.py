@@ -13,15 +13,15 @@ from modelwright import measure
 from modelwright.record import (
     ANATOMY_KEYS,
     DEFINITIONS_VERSION,
-    SCHEMA,
-    Field,
     RecordError,
+    RunRecord,
     append_record,
     build_record,
     check_record,
     new_record,
     read_record,
     read_records,
+    schema_fields,
     schema_markdown,
     validate_record,
     write_record,
@@ -110,6 +110,8 @@ def test_new_and_full_records_validate():
         (lambda r: r["timing"].update(step_time_median_ms="3 s"), "timing.step_time_median_ms: expected"),
         (lambda r: r["memory"].update(peak_allocated_mib=-1.0), "negative"),
         (lambda r: r["memory"]["anatomy_mib"].pop("activations"), "anatomy_mib.activations: missing"),
+        (lambda r: r["memory"]["anatomy_mib"].update(inputs=-1.0), "memory.anatomy_mib.inputs: negative"),
+        (lambda r: r["memory"].update(anatomy_end_mib=[1.0]), "memory.anatomy_end_mib: expected dict | null"),
         (lambda r: r["flops"].update(peak_flops_source="guess"), "peak_flops_source"),
         (lambda r: r["techniques"].update(effective_batch_size=128), "effective_batch_size"),
         (lambda r: r["techniques"].update(world_size=True), "world_size"),
@@ -188,13 +190,14 @@ def test_append_after_a_torn_last_line_keeps_the_new_record(tmp_path):
 
 
 def test_every_schema_leaf_has_a_doc_and_metric_keys_keep_their_names():
-    def leaves(spec, prefix=""):
-        for key, value in spec.items():
-            yield from leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [(prefix + key, value)]
+    def leaves(cls, prefix=""):
+        for key, meta, section, _ in schema_fields(cls):
+            yield from leaves(section, f"{prefix}{key}.") if section else [(prefix + key, meta)]
 
-    fields = dict(leaves(SCHEMA))
-    assert all(isinstance(f, Field) and f.doc for f in fields.values())
-    assert fields["timing.step_time_median_ms"].unit == "ms" and fields["memory.anatomy_mib"].unit == "MiB"
+    fields = dict(leaves(RunRecord))
+    assert all(meta["doc"] for meta in fields.values())
+    assert fields["timing.step_time_median_ms"]["unit"] == "ms"
+    assert fields["memory.anatomy_mib.activations"]["unit"] == "MiB"
     assert {"metrics.train/loss", "metrics.val/acc", "provenance.commit", "flops.peak_flops_method"} <= set(fields)
     assert set(new_record()["metrics"]) == {"train/loss", "train/acc", "val/loss", "val/acc"}
     assert "comm_buffers" in ANATOMY_KEYS and "inputs" in ANATOMY_KEYS

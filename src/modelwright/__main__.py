@@ -35,11 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     func = getattr(module, func_name, None)
     try:
+        if name == "accelerate":  # reads the training configs: --config amp is configs/amp.yaml, as for main.py
+            from modelwright import resolve_config_args
+
+            rest = resolve_config_args(rest)
         if func is None:  # a tool not yet on the typed convention
             return int(module.main(rest) or 0)
         from jsonargparse import CLI
 
-        return int(CLI(func, args=rest, prog=f"python -m modelwright {name}", exit_on_error=False) or 0)
+        kwargs = getattr(module, "PARSER_KWARGS", {})  # e.g. the Accelerate loop's default config file
+        return int(CLI(func, args=rest, prog=f"python -m modelwright {name}", exit_on_error=False, **kwargs) or 0)
     except (ConfigError, argparse.ArgumentError) as err:
         if os.environ.get("MODELWRIGHT_DEBUG") == "1":
             raise

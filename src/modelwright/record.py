@@ -2,20 +2,20 @@
 
 To run (regenerates docs/record-schema.md from the schema): ``uv run python -m modelwright.record``
 
-The schema is :class:`RunRecord` and its section dataclasses; every field carries its doc and unit, and
-``docs/record-schema.md`` is written from them by :func:`schema_markdown`. Every key is present in a
-valid record (optional sections aside); a value may be ``None`` where the field allows it. Extra keys
-are allowed; renaming or removing a key needs a new :data:`SCHEMA_VERSION`. Non-finite floats (a
-diverged loss) are written as ``null``: JSON has no NaN.
+:class:`RunRecord` and its section dataclasses are the one schema: each field carries its doc, unit and allowed
+values; :func:`validate_record` walks them and :func:`schema_markdown` writes the document from them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import math
 import os
+import subprocess
+import sys
 import tempfile
 import types
 import typing
@@ -25,28 +25,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from modelwright import REPO_ROOT
+
 SCHEMA_VERSION = 1
 #: Bumped when what a figure means changes (the MFU peak, the anatomy categories): records of different
 #: definitions are not put in one table. 3: MFU against the hardware peak; inputs and comm_buffers categories.
 DEFINITIONS_VERSION = 3
-STATUSES = ("ok", "failed", "diverged", "interrupted", "oom")
-LOOPS = ("lightning", "accelerate", "raw")
-PEAK_FLOPS_SOURCES = ("datasheet", "cpu-isa-clock", "config", "lightning-table", "measured-matmul", None)
-#: Where tensor memory goes; ``ANATOMY_KEYS`` adds ``total``, the sum of all but ``inputs``.
-ANATOMY_CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries",
-                      "comm_buffers", "inputs", "other")
-ANATOMY_KEYS = (*ANATOMY_CATEGORIES, "total")
-METRIC_KEYS = ("train/loss", "train/acc", "val/loss", "val/acc")
 
 
 class RecordError(ValueError):
     """A record that does not match the schema; the message lists every problem, one per line."""
 
 
-def _f(doc: str, unit: str | None = None, *, choices: tuple | None = None, nonneg: bool = False,
+def _f(doc: str, unit: str | None = None, *, choices: tuple | None = None, signed: bool = False,
        key: str | None = None, optional: bool = False, default: Any = None) -> Any:
-    """A schema field: its doc and unit, allowed values, sign, JSON key (if not its name), whether it may be absent."""
-    meta = {"doc": doc, "unit": unit, "choices": choices, "nonneg": nonneg, "key": key, "optional": optional}
+    """A schema field: its doc, unit, allowed values, whether a number may be negative, JSON key (if not its
+    name), whether the key may be absent; a class ``default`` is a factory."""
+    meta = {"doc": doc, "unit": unit, "choices": choices, "signed": signed, "key": key, "optional": optional}
     if isinstance(default, type):
         return dataclasses.field(default_factory=default, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -59,18 +54,18 @@ class Techniques:
     model_name: str | None = _f("Network: resnet18, smallcnn, vit.")
     precision: str | None = _f("Precision as applied, e.g. bf16-mixed (Lightning turns 16-mixed into bf16 on CPU).")
     precision_requested: str | None = _f("Precision as configured; null if unknown.")
-    accumulate_grad_batches: int | None = _f("Micro-batches per optimizer step.", nonneg=True)
+    accumulate_grad_batches: int | None = _f("Micro-batches per optimizer step.")
     gradient_checkpointing: str | None = _f("Checkpoint granularity: off, stage or block.")
     optimizer: str | None = _f("Optimizer as configured: adamw, sgd.")
     optimizer_impl: str | None = _f("Optimizer class that ran and its kernel: [for-loop], [foreach] or [fused].")
     channels_last: bool | None = _f("Whether conv weights are in channels_last memory format.")
     compile: bool | str | None = _f("Whether the network runs through torch.compile (or the mode name).")
     strategy: str | None = _f("single_device, ddp, fsdp, model_parallel, ...")
-    world_size: int | None = _f("Processes training together.", "processes", nonneg=True)
-    num_nodes: int | None = _f("Machines taking part.", "machines", nonneg=True)
-    micro_batch_size: int | None = _f("Samples per device per forward pass.", "samples", nonneg=True)
+    world_size: int | None = _f("Processes training together.", "processes")
+    num_nodes: int | None = _f("Machines taking part.", "machines")
+    micro_batch_size: int | None = _f("Samples per device per forward pass.", "samples")
     effective_batch_size: int | None = _f("Samples per optimizer step = micro × accumulate × world_size (checked).",
-                                          "samples", nonneg=True)
+                                          "samples")
 
 
 @dataclasses.dataclass
@@ -79,10 +74,10 @@ class Hardware:
 
     accelerator: str | None = _f("Device type: cpu, cuda, mps, ...")
     device_name: str | None = _f("GPU name, or the CPU model on a CPU run.")
-    device_memory_mib: float | None = _f("The GPU's memory, or the machine's RAM on a CPU run.", "MiB", nonneg=True)
+    device_memory_mib: float | None = _f("The GPU's memory, or the machine's RAM on a CPU run.", "MiB")
     cpu_model: str | None = _f("CPU model name (/proc/cpuinfo).")
-    cpu_cores: int | None = _f("Logical CPUs of the machine.", nonneg=True)
-    num_devices: int | None = _f("Devices this run used per node.", nonneg=True)
+    cpu_cores: int | None = _f("Logical CPUs of the machine.")
+    num_devices: int | None = _f("Devices this run used per node.")
 
 
 @dataclasses.dataclass
@@ -102,17 +97,16 @@ class Timing:
     """A step is timed from its first micro-batch's start to its last one's end, the device synchronized before each
     clock reading (CUDA events on GPU). The warm-up steps and the step whose anatomy is captured are left out."""
 
-    warmup_steps: int | None = _f("Optimizer steps excluded before the window.", "steps", nonneg=True)
-    measured_steps: int | None = _f("Optimizer steps timed in the window.", "steps", nonneg=True)
-    step_time_median_ms: float | None = _f("Median time of one optimizer step (all its micro-batches).", "ms",
-                                           nonneg=True)
-    step_time_p90_ms: float | None = _f("90th percentile of step time (linear interpolation).", "ms", nonneg=True)
-    step_time_min_ms: float | None = _f("Fastest measured step.", "ms", nonneg=True)
-    step_time_max_ms: float | None = _f("Slowest measured step.", "ms", nonneg=True)
-    steps_per_epoch: int | None = _f("Optimizer steps per training epoch.", "steps", nonneg=True)
-    epoch_time_s: float | None = _f("steps_per_epoch × median step time (training only).", "s", nonneg=True)
-    samples_per_s: float | None = _f("effective_batch_size ÷ median step time.", "samples/s", nonneg=True)
-    wall_time_s: float | None = _f("Wall-clock time of the whole fit, validation included.", "s", nonneg=True)
+    warmup_steps: int | None = _f("Optimizer steps excluded before the window.", "steps")
+    measured_steps: int | None = _f("Optimizer steps timed in the window.", "steps")
+    step_time_median_ms: float | None = _f("Median time of one optimizer step (all its micro-batches).", "ms")
+    step_time_p90_ms: float | None = _f("90th percentile of step time (linear interpolation).", "ms")
+    step_time_min_ms: float | None = _f("Fastest measured step.", "ms")
+    step_time_max_ms: float | None = _f("Slowest measured step.", "ms")
+    steps_per_epoch: int | None = _f("Optimizer steps per training epoch.", "steps")
+    epoch_time_s: float | None = _f("steps_per_epoch × median step time (training only).", "s")
+    samples_per_s: float | None = _f("effective_batch_size ÷ median step time.", "samples/s")
+    wall_time_s: float | None = _f("Wall-clock time of the whole fit, validation included.", "s")
 
 
 @dataclasses.dataclass
@@ -120,48 +114,64 @@ class Flops:
     """FLOPs are counted once by PyTorch's flop counter on a meta-device copy (model FLOPs: no recomputation).
     MFU divides by the **hardware** peak, never by a measured kernel."""
 
-    flops_per_step: float | None = _f("FLOPs of one optimizer step on one device (forward + backward).", "FLOP",
-                                      nonneg=True)
-    achieved_flops_per_s: float | None = _f("flops_per_step ÷ median step time, per device.", "FLOP/s", nonneg=True)
-    peak_flops_per_s: float | None = _f("Hardware peak of one device in the compute dtype.", "FLOP/s", nonneg=True)
+    flops_per_step: float | None = _f("FLOPs of one optimizer step on one device (forward + backward).", "FLOP")
+    achieved_flops_per_s: float | None = _f("flops_per_step ÷ median step time, per device.", "FLOP/s")
+    peak_flops_per_s: float | None = _f("Hardware peak of one device in the compute dtype.", "FLOP/s")
     peak_flops_source: str | None = _f(
         "datasheet (a GPU's dense figure), cpu-isa-clock (cores × FLOP/cycle × clock) or config; "
-        "lightning-table and measured-matmul are older definitions.", choices=PEAK_FLOPS_SOURCES)
+        "lightning-table and measured-matmul are older definitions.",
+        choices=("datasheet", "cpu-isa-clock", "config", "lightning-table", "measured-matmul", None))
     peak_flops_method: str | None = _f("The arithmetic behind the peak (cores, FLOP/cycle, clock and how it was "
                                        "found; TF32 use on a GPU).", optional=True)
-    mfu: float | None = _f("Model FLOPs utilisation: achieved ÷ peak.", "fraction", nonneg=True)
+    mfu: float | None = _f("Model FLOPs utilisation: achieved ÷ peak.", "fraction")
+
+
+@dataclasses.dataclass
+class Anatomy:
+    """Where the tensor memory of one captured step went (``MemoryAnatomy``: PyTorch's MemTracker), by category."""
+
+    parameters: float | None = _f("Model parameters.", "MiB")
+    buffers: float | None = _f("Module buffers (BatchNorm statistics).", "MiB")
+    gradients: float | None = _f("Parameter gradients.", "MiB")
+    optimizer_state: float | None = _f("Optimizer state (moments, step counters).", "MiB")
+    activations: float | None = _f("Made in forward.", "MiB")
+    temporaries: float | None = _f("Made in backward.", "MiB")
+    comm_buffers: float | None = _f("Handed to an all-reduce: DDP's gradient buckets.", "MiB", optional=True)
+    inputs: float | None = _f("The data: dataset storage and batches; not in total.", "MiB", optional=True)
+    other: float | None = _f("Anything else the tracker saw.", "MiB")
+    total: float | None = _f("The sum of all but inputs.", "MiB")
+
+
+#: Where tensor memory goes; ``ANATOMY_KEYS`` adds ``total``.
+ANATOMY_KEYS = tuple(f.name for f in dataclasses.fields(Anatomy))
+ANATOMY_CATEGORIES = ANATOMY_KEYS[:-1]
 
 
 @dataclasses.dataclass
 class Memory:
-    """Peak tensor memory and the anatomy of one captured step (``MemoryAnatomy``: PyTorch's MemTracker).
-    Anatomy categories: parameters, buffers, gradients, optimizer_state, activations (made in forward),
-    temporaries (made in backward), comm_buffers (handed to an all-reduce: DDP's gradient buckets), inputs
-    (the data: dataset storage and batches; not in ``total``), other; ``total`` sums all but inputs."""
+    """Peak tensor memory, and the anatomy of one captured step."""
 
     peak_allocated_mib: float | None = _f("CUDA max_memory_allocated over the window; else the anatomy's total.",
-                                          "MiB", nonneg=True)
-    peak_reserved_mib: float | None = _f("CUDA max_memory_reserved over the window; null on CPU.", "MiB",
-                                         nonneg=True)
-    anatomy_step: int | None = _f("Optimizer step whose anatomy was captured.", "step", nonneg=True)
-    anatomy_mib: dict | None = _f("Tensor memory by category at the captured step's peak; null if not measured.",
-                                  "MiB")
-    anatomy_end_mib: dict | None = _f("The same categories when the captured step ended.", "MiB", optional=True)
+                                          "MiB")
+    peak_reserved_mib: float | None = _f("CUDA max_memory_reserved over the window; null on CPU.", "MiB")
+    anatomy_step: int | None = _f("Optimizer step whose anatomy was captured.", "step")
+    anatomy_mib: Anatomy | None = _f("Tensor memory by category at the captured step's peak; null if not measured.")
+    anatomy_end_mib: Anatomy | None = _f("The same categories when the captured step ended.", optional=True)
     anatomy_caveat: str | None = _f("Null, or why the anatomy is absent (not measured: torch.compile) or suspect "
                                     "(activations above 1 MiB alive after the step).", optional=True)
-    model_parameters: int | None = _f("Number of model parameters (elements).", "parameters", nonneg=True)
+    model_parameters: int | None = _f("Number of model parameters (elements).", "parameters")
     rss_peak_mib: float | None = _f("Process RSS high-water mark: not a tensor peak (allocators keep freed pages).",
-                                    "MiB", nonneg=True)
+                                    "MiB")
 
 
 @dataclasses.dataclass
 class Metrics:
     """Final values; every other scalar Lightning logged (not perf/ or mem/) is added under its own name."""
 
-    train_loss: float | None = _f("Last logged training loss (of a micro-batch).", key="train/loss")
-    train_acc: float | None = _f("Last logged training accuracy.", key="train/acc")
-    val_loss: float | None = _f("Loss of the last validation.", key="val/loss")
-    val_acc: float | None = _f("Accuracy of the last validation.", key="val/acc")
+    train_loss: float | None = _f("Last logged training loss (of a micro-batch).", key="train/loss", signed=True)
+    train_acc: float | None = _f("Last logged training accuracy.", key="train/acc", signed=True)
+    val_loss: float | None = _f("Loss of the last validation.", key="val/loss", signed=True)
+    val_acc: float | None = _f("Accuracy of the last validation.", key="val/acc", signed=True)
 
 
 @dataclasses.dataclass
@@ -171,7 +181,7 @@ class Provenance:
     commit: str | None = _f("Git commit of the checkout.")
     dirty: bool | None = _f("Whether tracked files had uncommitted changes.")
     command: str | None = _f("The command line that produced the record.")
-    definitions: int | None = _f("DEFINITIONS_VERSION: what MFU and the anatomy categories mean.", nonneg=True)
+    definitions: int | None = _f("DEFINITIONS_VERSION: what MFU and the anatomy categories mean.")
 
 
 @dataclasses.dataclass
@@ -181,58 +191,42 @@ class RunRecord:
     schema_version: int = _f("Version of this schema; readers check it.", choices=(SCHEMA_VERSION,),
                              default=SCHEMA_VERSION)
     run_id: str = _f("Unique id of the run (the caller's, or UTC time + random suffix).", default="")
-    status: str = _f("How the run ended.", choices=STATUSES, default="ok")
+    status: str = _f("How the run ended.", choices=("ok", "failed", "diverged", "interrupted", "oom"), default="ok")
     error: str | None = _f("One line, Type: message, for every status but ok (may be set for diverged).")
-    loop: str = _f("The training loop that produced the record.", choices=LOOPS, default="lightning")
+    loop: str = _f("The training loop that produced the record.", choices=("lightning", "accelerate", "raw"),
+                   default="lightning")
     created_at: str = _f("When the record was written, ISO 8601 with UTC offset.", default="")
     config: dict = _f("The resolved configuration (LightningCLI's), or {}.", default=dict)
-    techniques: Techniques = _f("Below.", default=Techniques)
-    hardware: Hardware = _f("Below.", default=Hardware)
-    versions: Versions = _f("Below.", default=Versions)
-    timing: Timing = _f("Below.", default=Timing)
-    flops: Flops = _f("Below.", default=Flops)
-    memory: Memory = _f("Below.", default=Memory)
-    metrics: Metrics = _f("Below.", default=Metrics)
+    techniques: Techniques = _f("", default=Techniques)
+    hardware: Hardware = _f("", default=Hardware)
+    versions: Versions = _f("", default=Versions)
+    timing: Timing = _f("", default=Timing)
+    flops: Flops = _f("", default=Flops)
+    memory: Memory = _f("", default=Memory)
+    metrics: Metrics = _f("", default=Metrics)
     history: dict = _f("Metric name → [[optimizer step, value], ...] in step order.", default=dict)
-    provenance: Provenance = _f("Below.", default=Provenance)
+    provenance: Provenance = _f("", default=Provenance)
     faults: dict | None = _f("The NonFiniteLossGuard's summary.", optional=True)
     profile: dict | None = _f("The planner's measured profile of the run.", optional=True)
     prediction: dict | None = _f("What the planner predicted for the run.", optional=True)
     study: dict | None = _f("The study's facts about the run (name, repeat, command).", optional=True)
 
 
-@dataclasses.dataclass(frozen=True)
-class Field:
-    """One leaf of :data:`SCHEMA`: accepted types (``None`` allows null) and the field's metadata."""
-
-    types: tuple
-    doc: str
-    unit: str | None = None
-    choices: tuple | None = None
-    nonneg: bool = False
-    optional: bool = False
+METRIC_KEYS = tuple(f.metadata["key"] for f in dataclasses.fields(Metrics))
 
 
-def _types(hint: Any) -> tuple:
-    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
-        else (hint,)
-    return tuple(None if a is type(None) else (typing.get_origin(a) or a) for a in args)
-
-
-def _spec(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    out: dict[str, Any] = {}
+@functools.cache
+def schema_fields(cls: type = RunRecord) -> tuple[tuple[str, Any, Any, tuple], ...]:
+    """``cls``'s fields as ``(JSON key, metadata, section class or None, accepted types)``; ``None`` in the
+    types allows null, ``dict`` stands for a section."""
+    out = []
     for f in dataclasses.fields(cls):
-        m, hint = f.metadata, hints[f.name]
-        key = m["key"] or f.name
-        out[key] = _spec(hint) if dataclasses.is_dataclass(hint) else Field(
-            _types(hint), m["doc"], m["unit"], m["choices"], m["nonneg"], m["optional"])
-    return out
-
-
-#: The schema as nested dicts of :class:`Field` leaves, derived from :class:`RunRecord`.
-SCHEMA: dict[str, Any] = _spec(RunRecord)
-_ANATOMY_FIELD = Field((float, None), "", nonneg=True)
+        hint = typing.get_type_hints(cls)[f.name]
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        section = next((a for a in args if dataclasses.is_dataclass(a)), None)
+        accepted = tuple(None if a is type(None) else dict if a is section else typing.get_origin(a) or a for a in args)
+        out.append((f.metadata["key"] or f.name, f.metadata, section, accepted))
+    return tuple(out)
 
 
 def _type_ok(value: Any, accepted: tuple) -> bool:
@@ -243,30 +237,29 @@ def _type_ok(value: Any, accepted: tuple) -> bool:
     return any(t is not None and t not in (int, bool) and isinstance(value, t) for t in accepted)
 
 
-def _check(path: str, value: Any, field: Field, errors: list[str]) -> None:
-    if not _type_ok(value, field.types):
-        names = " | ".join("null" if t is None else t.__name__ for t in field.types)
+def _check(path: str, value: Any, accepted: tuple, errors: list[str], choices: tuple | None = None,
+           signed: bool = False) -> None:
+    if not _type_ok(value, accepted):
+        names = " | ".join("null" if t is None else t.__name__ for t in accepted)
         errors.append(f"{path}: expected {names}, got {type(value).__name__} {value!r:.60}")
-    elif field.choices is not None and value not in field.choices:
-        errors.append(f"{path}: {value!r} is not one of {list(field.choices)}")
+    elif choices is not None and value not in choices:
+        errors.append(f"{path}: {value!r} is not one of {list(choices)}")
     elif isinstance(value, float) and not math.isfinite(value):
         errors.append(f"{path}: non-finite number {value!r}")
-    elif field.nonneg and isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+    elif not signed and isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
         errors.append(f"{path}: negative value {value!r}")
 
 
-def _check_section(prefix: str, record: Mapping, spec: Mapping, errors: list[str]) -> None:
-    for key, sub in spec.items():
-        path = f"{prefix}{key}"
+def _check_section(prefix: str, record: Mapping, cls: type, errors: list[str]) -> None:
+    for key, meta, section, accepted in schema_fields(cls):
+        path, value = prefix + key, record.get(key)
         if key not in record:
-            if not (isinstance(sub, Field) and sub.optional):
+            if not meta["optional"]:
                 errors.append(f"{path}: missing")
-        elif isinstance(sub, Field):
-            _check(path, record[key], sub, errors)
-        elif not isinstance(record[key], Mapping):
-            errors.append(f"{path}: expected an object, got {type(record[key]).__name__}")
+        elif section is not None and isinstance(value, Mapping):
+            _check_section(path + ".", value, section, errors)
         else:
-            _check_section(path + ".", record[key], sub, errors)
+            _check(path, value, accepted, errors, meta["choices"], meta["signed"])
 
 
 def get_path(mapping: Any, path: str, default: Any = None) -> Any:
@@ -284,16 +277,9 @@ def validate_record(record: Any) -> list[str]:
     if not isinstance(record, Mapping):
         return [f"record: expected an object, got {type(record).__name__}"]
     errors: list[str] = []
-    _check_section("", record, SCHEMA, errors)
+    _check_section("", record, RunRecord, errors)
     if any(e.startswith("schema_version") for e in errors):
         return errors
-    for view in ("anatomy_mib", "anatomy_end_mib"):
-        anatomy = get_path(record, f"memory.{view}")
-        for key in ANATOMY_KEYS if isinstance(anatomy, Mapping) else ():
-            if key in anatomy:
-                _check(f"memory.{view}.{key}", anatomy[key], _ANATOMY_FIELD, errors)
-            elif key not in ("comm_buffers", "inputs"):  # categories added in definitions 3
-                errors.append(f"memory.{view}.{key}: missing")
     history = record.get("history")
     for name, points in history.items() if isinstance(history, Mapping) else ():
         last = -1
@@ -324,11 +310,6 @@ def check_record(record: Any) -> None:
         raise RecordError("invalid run record:\n" + "\n".join(errors))
 
 
-def new_run_id() -> str:
-    """A sortable unique id: UTC time plus a random suffix, e.g. ``20250101T120000Z-1a2b3c4d``."""
-    return f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
-
-
 def now_iso() -> str:
     """The current time, ISO 8601 with the local UTC offset."""
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -342,19 +323,15 @@ def _as_dict(obj: Any) -> Any:
 
 
 def new_record(run_id: str | None = None, loop: str = "lightning", command: list[str] | None = None) -> dict[str, Any]:
-    """A record with every key of the schema present and its :func:`provenance`: nothing measured yet, status ok."""
-    return {**_as_dict(RunRecord(run_id=run_id or new_run_id(), loop=loop, created_at=now_iso())),
-            "provenance": provenance(command)}
+    """A record with every key of the schema and its :func:`provenance`: nothing measured yet, status ok.
+    The default ``run_id`` sorts by time: ``20250101T120000Z-1a2b3c4d``."""
+    run_id = run_id or f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    return {**_as_dict(RunRecord(run_id=run_id, loop=loop, created_at=now_iso())), "provenance": provenance(command)}
 
 
 def provenance(command: list[str] | None = None) -> dict[str, Any]:
     """The record's ``provenance``: the checkout's commit (``dirty`` if tracked files changed), the command line
     (``$MODELWRIGHT_COMMAND`` when a parent, such as the study, set it), and :data:`DEFINITIONS_VERSION`."""
-    import subprocess
-    import sys
-
-    from modelwright import REPO_ROOT
-
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
@@ -374,24 +351,22 @@ def build_record(*, loop: str, status: str = "ok", error: str | None = None, run
     """The one way to make a run record, whatever produced it (a callback, the Accelerate loop, the study).
 
     ``sections`` are the record's top-level keys (``config``, ``techniques``, ..., ``history``, and the optional
-    ``faults``, ``profile``, ``prediction``, ``study``); a dict section of the schema is merged over its skeleton,
-    so a writer gives only what it measured. The result is JSON-ready and carries its :func:`provenance`.
+    ``faults``, ``profile``, ``prediction``, ``study``); a section of the schema is merged over its skeleton, so a
+    writer gives only what it measured. The result is JSON-ready and carries its :func:`provenance`.
     """
     record = new_record(run_id=run_id, loop=loop, command=command)
     record["status"], record["error"] = status, error
     for key, value in sections.items():
-        if value is None:
-            continue
         if isinstance(record.get(key), dict) and isinstance(value, Mapping) and key not in ("config", "history"):
             record[key] = {**record[key], **value}
-        else:
+        elif value is not None:
             record[key] = value
     return to_jsonable(record)
 
 
 def to_jsonable(obj: Any) -> Any:
-    """``obj`` as plain JSON values: tensors and numpy scalars to numbers, paths and unknowns to str,
-    tuples to lists, non-finite floats to ``None``."""
+    """``obj`` as plain JSON values: tensors and numpy scalars to numbers, paths and unknowns to str, tuples to
+    lists, non-finite floats to ``None``."""
     if obj is None or isinstance(obj, (bool, str, int)):
         return obj
     if isinstance(obj, float):
@@ -400,32 +375,30 @@ def to_jsonable(obj: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
         return [to_jsonable(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
+    if callable(getattr(obj, "item", None)) and getattr(obj, "ndim", 0) == 0:
         try:
             return to_jsonable(obj.item())
         except (TypeError, ValueError, RuntimeError):
             pass
-    if hasattr(obj, "as_dict") and callable(obj.as_dict):  # jsonargparse Namespace
+    if callable(getattr(obj, "as_dict", None)):  # jsonargparse Namespace
         return to_jsonable(obj.as_dict())
     return str(obj)
 
 
-def dumps_record(record: Mapping, validate: bool = True, indent: int | None = None) -> str:
-    """The record as JSON text (sanitised by :func:`to_jsonable`, validated unless told not to)."""
+def _dumps(record: Mapping, validate: bool, indent: int | None = None) -> str:
     data = to_jsonable(record)
     if validate:
         check_record(data)
     return json.dumps(data, indent=indent, allow_nan=False, ensure_ascii=False)
 
 
-def write_record(path: str | os.PathLike, record: Mapping, validate: bool = True) -> Path:
-    """Write one record to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``), mode 0644."""
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``), mode 0644."""
     path = Path(path)
-    text = dumps_record(record, validate=validate, indent=2) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o644)  # mkstemp makes 0600: the record is for every reader of the results
+        os.fchmod(fd, 0o644)  # mkstemp makes 0600: results are for every reader
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -437,6 +410,11 @@ def write_record(path: str | os.PathLike, record: Mapping, validate: bool = True
     return path
 
 
+def write_record(path: str | os.PathLike, record: Mapping, validate: bool = True) -> Path:
+    """Write one record to ``path`` with :func:`write_text_atomic`, validated unless told not to."""
+    return write_text_atomic(path, _dumps(record, validate, indent=2) + "\n")
+
+
 def append_record(jsonl_path: str | os.PathLike, record: Mapping, validate: bool = True) -> Path:
     """Append the record as one line to ``jsonl_path``.
 
@@ -445,7 +423,7 @@ def append_record(jsonl_path: str | os.PathLike, record: Mapping, validate: bool
     terminated first, so the new record starts on a line of its own; :func:`read_records` skips the torn one.
     """
     path = Path(jsonl_path)
-    data = (dumps_record(record, validate=validate) + "\n").encode("utf-8")
+    data = (_dumps(record, validate) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -483,8 +461,8 @@ def read_records(jsonl_path: str | os.PathLike, validate: bool = False) -> list[
             except (UnicodeDecodeError, ValueError) as err:
                 warnings.warn(f"{path}:{lineno}: skipped damaged record line ({err})", stacklevel=2)
                 continue
-            problems = ["not a JSON object"] if not isinstance(record, dict) else (
-                validate_record(record) if validate else [])
+            problems = (validate_record(record) if validate else []) if isinstance(record, dict) \
+                else ["not a JSON object"]
             if problems:
                 warnings.warn(f"{path}:{lineno}: skipped invalid record ({problems[0]})", stacklevel=2)
                 continue
@@ -505,44 +483,31 @@ a plain loop); reports and the planner read records, never logs. `build_record(.
   does not apply. Extra keys are allowed; renaming or removing a key needs a new `schema_version`.
 - Units are in the names: `_mib` = 2^20 bytes, `_ms`, `_s`, `_per_s`. FLOPs count a multiply-add as 2.
 - "Step" means optimizer step: with gradient accumulation one step is `accumulate_grad_batches` micro-batches.
-- Measurements are rank 0's; FLOP/s figures are per device. Non-finite numbers are written as `null`.
+- Measurements are rank 0's; FLOP/s figures are per device. Numbers are never negative, except metrics.
+  Non-finite numbers are written as `null`.
 """
 
 
 def schema_markdown() -> str:
     """``docs/record-schema.md``, written from :class:`RunRecord` and its sections."""
-
-    def rows(cls: type) -> list[str]:
-        out = ["| key | type | unit | meaning |", "|---|---|---|---|"]
-        spec = _spec(cls)
-        for key, field in spec.items():
-            if isinstance(field, dict):
-                kind, unit, doc = "object", "", f"Section [`{key}`](#{key})."
-            else:
-                kind = " \\| ".join("null" if t is None else t.__name__ for t in field.types)
-                unit = field.unit or ""
-                doc = field.doc + (f" One of {', '.join(f'`{c}`' for c in field.choices if c)}."
-                                   if field.choices else "") + (" *Optional.*" if field.optional else "")
-            out.append(f"| `{key}` | {kind} | {unit} | {doc} |")
-        return out
-
-    parts = [_DOC_HEAD.format(version=SCHEMA_VERSION), "## Top level", "", *rows(RunRecord)]
-    for f in dataclasses.fields(RunRecord):
-        cls = typing.get_type_hints(RunRecord)[f.name]
-        if dataclasses.is_dataclass(cls):
-            doc = " ".join((cls.__doc__ or "").split())
-            parts += ["", f"## `{f.name}`", "", doc, "", *rows(cls)]
-    return "\n".join(parts) + "\n"
-
-
-def write_schema_doc(path: str | os.PathLike | None = None) -> Path:
-    """Write :func:`schema_markdown` to ``docs/record-schema.md`` (or ``path``)."""
-    from modelwright import REPO_ROOT
-
-    path = Path(path) if path is not None else REPO_ROOT / "docs" / "record-schema.md"
-    path.write_text(schema_markdown(), encoding="utf-8")
-    return path
+    parts, sections = [_DOC_HEAD.format(version=SCHEMA_VERSION)], [RunRecord]
+    for cls in sections:
+        parts += ["## Top level" if cls is RunRecord else f"## `{cls.__name__.lower()}`", "",
+                  *([] if cls is RunRecord else [" ".join(cls.__doc__.split()), ""]),
+                  "| key | type | unit | meaning |", "|---|---|---|---|"]
+        for key, meta, section, accepted in schema_fields(cls):
+            kind = " \\| ".join("null" if t is None else "object" if t is dict and section else t.__name__
+                                for t in accepted)
+            doc = meta["doc"]
+            if section is not None:
+                sections += [] if section in sections else [section]
+                link = f"[`{section.__name__.lower()}`](#{section.__name__.lower()})"
+                doc = f"{doc} See {link}." if doc else f"Section {link}."
+            doc += f" One of {', '.join(f'`{c}`' for c in meta['choices'] if c)}." if meta["choices"] else ""
+            parts.append(f"| `{key}` | {kind} | {meta['unit'] or ''} | {doc}{' *Optional.*' * meta['optional']} |")
+        parts.append("")
+    return "\n".join(parts)
 
 
 if __name__ == "__main__":
-    print(write_schema_doc())
+    print(write_text_atomic(REPO_ROOT / "docs" / "record-schema.md", schema_markdown()))

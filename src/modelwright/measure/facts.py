@@ -14,6 +14,22 @@ from torch import nn
 MIB = 2**20
 
 
+def as_device(device: torch.device | str | None) -> torch.device:
+    """``device`` as a ``torch.device``; ``None`` is the CPU."""
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+def cuda_device(device: torch.device | str | None) -> torch.device | None:
+    """``device`` if it is a CUDA device and CUDA is available, else ``None``."""
+    device = as_device(device)
+    return device if device.type == "cuda" and torch.cuda.is_available() else None
+
+
+def available_cpus() -> int | None:
+    """Logical CPUs this process may run on (``None`` where the OS does not say)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+
+
 @functools.cache
 def cpuinfo() -> dict[str, str]:
     """The first processor's ``/proc/cpuinfo`` entries (``model name``, ``flags``, ``cpu MHz``, ...); {} elsewhere."""
@@ -21,12 +37,11 @@ def cpuinfo() -> dict[str, str]:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if not line.strip():
-                    if info:
-                        break
-                    continue
-                key, _, value = line.partition(":")
-                info.setdefault(key.strip(), value.strip())
+                if not line.strip() and info:
+                    break
+                key, sep, value = line.partition(":")
+                if sep:
+                    info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
     return info
@@ -39,67 +54,50 @@ def cpu_model() -> str:
 
 def device_name(device: torch.device | str | None) -> str:
     """A human name for ``device``: the GPU's name, or the CPU model."""
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cuda" and torch.cuda.is_available():
+    device = as_device(device)
+    if cuda_device(device) is not None:
         return torch.cuda.get_device_name(device)
-    if device.type == "cpu":
-        return cpu_model()
-    return device.type
-
-
-
-def _memtotal_mib() -> float | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError):
-        pass
-    return None
+    return cpu_model() if device.type == "cpu" else device.type
 
 
 def hardware_info(device: torch.device | str | None = None, num_devices: int | None = None) -> dict[str, Any]:
     """The record's ``hardware`` section for ``device`` (default: CUDA if present, else CPU).
 
-    ``device_memory_mib`` is the GPU's total memory, or the machine's RAM for a CPU run.
-    ``cpu_cores`` counts logical CPUs; ``cpu_cores_available`` those this process may run on.
+    ``device_memory_mib`` is the GPU's memory, or the machine's RAM on a CPU run; ``cpu_cores`` counts logical
+    CPUs, ``cpu_cores_available`` those this process may run on.
     """
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    info: dict[str, Any] = {
+    device = as_device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MIB
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
+        host = None
+    gpu = cuda_device(device)
+    return {
         "accelerator": device.type,
         "device_name": device_name(device),
-        "device_memory_mib": None,
+        "device_memory_mib": torch.cuda.get_device_properties(gpu).total_memory / MIB if gpu is not None
+        else host if device.type == "cpu" else None,
         "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
-        "cpu_cores_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "cpu_cores_available": available_cpus(),
         "num_devices": num_devices if num_devices is not None else 1,
-        "host_memory_mib": _memtotal_mib(),
+        "host_memory_mib": host,
     }
-    if device.type == "cuda" and torch.cuda.is_available():
-        info["device_memory_mib"] = torch.cuda.get_device_properties(device).total_memory / MIB
-    elif device.type == "cpu":
-        info["device_memory_mib"] = info["host_memory_mib"]
-    return info
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def versions() -> dict[str, str | None]:
     """The record's ``versions`` section; ``cuda`` is the CUDA version torch was built with (or None)."""
+
+    def dist(name: str) -> str | None:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "lightning": _dist_version("lightning"),
-        "torchvision": _dist_version("torchvision"),
-        "accelerate": _dist_version("accelerate"),
+        **{name: dist(name) for name in ("lightning", "torchvision", "accelerate")},
         "cuda": torch.version.cuda,
         "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
     }
@@ -108,14 +106,12 @@ def versions() -> dict[str, str | None]:
 def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
     """The optimizer class that ran and its kernel: ``torch.optim.AdamW[foreach]`` / ``[for-loop]`` / ``[fused]``."""
     cls = type(optimizer)
-    exported = getattr(torch.optim, cls.__name__, None) is cls
-    name = f"torch.optim.{cls.__name__}" if exported else f"{cls.__module__}.{cls.__qualname__}"
-    defaults = optimizer.defaults
-    if defaults.get("fused"):
+    name = f"torch.optim.{cls.__name__}" if getattr(torch.optim, cls.__name__, None) is cls \
+        else f"{cls.__module__}.{cls.__qualname__}"
+    if optimizer.defaults.get("fused"):
         return f"{name}[fused]"
-    foreach = defaults.get("foreach")
-    if foreach is None:
-        # PyTorch's default: foreach when every parameter is on a GPU, else the per-tensor for-loop.
+    foreach = optimizer.defaults.get("foreach")
+    if foreach is None:  # PyTorch's default: foreach when every parameter is on a GPU, else the for-loop
         params = [p for group in optimizer.param_groups for p in group["params"]]
         foreach = bool(params) and all(p.device.type == "cuda" for p in params)
     return f"{name}[{'foreach' if foreach else 'for-loop'}]"
@@ -123,13 +119,11 @@ def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
 
 def channels_last_applied(module: nn.Module) -> bool | None:
     """Whether the first spatial conv weight is in channels_last format; None if none or unreadable (sharded)."""
-    for p in module.parameters():
-        if p.ndim == 4 and p.shape[2:] != (1, 1):
-            try:
-                return p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
-            except Exception:
-                return None
-    return None
+    p = next((p for p in module.parameters() if p.ndim == 4 and p.shape[2:] != (1, 1)), None)
+    try:
+        return None if p is None else p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+    except Exception:
+        return None
 
 
 def error_status(exception: BaseException) -> str:
@@ -138,8 +132,7 @@ def error_status(exception: BaseException) -> str:
         return "interrupted"
     text = str(exception).lower()
     if isinstance(exception, (torch.OutOfMemoryError, MemoryError)) or any(
-        phrase in text
-        for phrase in ("out of memory", "can't allocate memory")  # CUDA; CPU allocator
+        phrase in text for phrase in ("out of memory", "can't allocate memory")  # CUDA; CPU allocator
     ):
         return "oom"
     return "failed"

@@ -1,8 +1,8 @@
 """FLOPs of a training step, the hardware's peak FLOP/s, and MFU = achieved ÷ peak.
 
-The peak is the hardware's, never a kernel's: a GPU's datasheet figure (dense, for the compute dtype;
-TF32 for float32 where PyTorch allows it on Ampere and later), or on a CPU
-cores × FLOP per cycle for its instruction set × a measured clock.
+The peak is the hardware's, never a kernel's: a GPU's dense datasheet figure for the compute dtype (TF32 for
+float32 where PyTorch allows it on Ampere and later), or on a CPU cores × FLOP/cycle of its instruction set ×
+a measured clock.
 """
 
 from __future__ import annotations
@@ -16,23 +16,19 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from modelwright.measure.facts import cpu_model, cpuinfo, device_name
-from modelwright.record import DEFINITIONS_VERSION
+from modelwright.measure.facts import as_device, available_cpus, cpu_model, cpuinfo, cuda_device, device_name
+from modelwright.record import DEFINITIONS_VERSION, write_text_atomic
 
 
 def count_flops(fn: Callable[[], Any]) -> int:
-    """FLOPs of everything ``fn`` runs, counted by ``torch.utils.flop_counter.FlopCounterMode``.
-
-    The counter knows matmuls, convolutions and attention (the ops that dominate); elementwise ops,
-    norms and the optimizer count as zero.
-    """
+    """FLOPs of everything ``fn`` runs by ``torch.utils.flop_counter.FlopCounterMode``: matmuls, convolutions
+    and attention (the ops that dominate); elementwise ops, norms and the optimizer count as zero."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
@@ -44,15 +40,13 @@ def count_flops(fn: Callable[[], Any]) -> int:
 def meta_copy(module: nn.Module) -> nn.Module:
     """A copy of ``module`` with parameters and buffers on the meta device (no memory, no compute).
 
-    Forwards replaced on instances (gradient-checkpointing wrappers) are dropped in the copy, so FLOPs
-    counted on it are model FLOPs, without recomputation. A ``torch.compile`` wrapper is looked through.
+    Forwards replaced on instances (gradient-checkpointing wrappers) and ``torch.compile`` wrappers are dropped
+    in the copy, so FLOPs counted on it are model FLOPs, without recomputation.
     """
     module = getattr(module, "_orig_mod", module)
-    memo: dict[int, Any] = {}
-    for sub in module.modules():  # nn.Module.compile() keeps its compiled call on the instance
-        impl = sub.__dict__.get("_compiled_call_impl")
-        if impl is not None:
-            memo[id(impl)] = None
+    # nn.Module.compile() keeps its compiled call on the instance.
+    memo: dict[int, Any] = {id(m.__dict__["_compiled_call_impl"]): None for m in module.modules()
+                            if m.__dict__.get("_compiled_call_impl") is not None}
     for p in module.parameters():
         memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
     for b in module.buffers():
@@ -63,19 +57,12 @@ def meta_copy(module: nn.Module) -> nn.Module:
     return copied
 
 
-def training_flops(
-    module: nn.Module,
-    example_input: torch.Tensor,
-    loss_fn: Callable[[Any], torch.Tensor] | None = None,
-) -> int:
-    """FLOPs of one forward and backward of ``module`` on a batch shaped like ``example_input``.
-
-    Counted on a :func:`meta_copy` (nothing runs on the device); the loss (``loss_fn``, default a
-    sum of the output) is negligible next to the network. Multiply by the micro-batches per
-    optimizer step for a step's FLOPs.
-    """
-    model = meta_copy(module)
-    model.train()
+def training_flops(module: nn.Module, example_input: torch.Tensor,
+                   loss_fn: Callable[[Any], torch.Tensor] | None = None) -> int:
+    """FLOPs of one forward and backward of ``module`` on a batch shaped like ``example_input``, counted on a
+    :func:`meta_copy`; the loss (``loss_fn``, default a sum of the output) is negligible. Multiply by the
+    micro-batches per optimizer step for a step's FLOPs."""
+    model = meta_copy(module).train()
     x = example_input.detach().to("meta")
     loss_fn = loss_fn or (lambda out: out.float().sum())
     return count_flops(lambda: loss_fn(model(x)).backward())
@@ -84,10 +71,9 @@ def training_flops(
 def compute_dtype(precision: str | int | None) -> torch.dtype:
     """The dtype a run's matmuls use: ``"bf16-mixed"`` → bfloat16, ``"16-mixed"`` → float16, else float32."""
     p = str(precision or "32").lower()
-    if p.startswith(("bf16", "transformer-engine")):
-        return torch.bfloat16
-    for prefix, dtype in (("64", torch.float64), ("16", torch.float16)):
-        if p.startswith(prefix):
+    for prefixes, dtype in ((("bf16", "transformer-engine"), torch.bfloat16), (("64",), torch.float64),
+                            (("16",), torch.float16)):
+        if p.startswith(prefixes):
             return dtype
     return torch.float32
 
@@ -99,8 +85,7 @@ def mfu(flops_per_step: float | None, step_time_s: float | None, peak_flops_per_
     return flops_per_step / step_time_s / peak_flops_per_s
 
 
-@dataclass(frozen=True)
-class PeakFlops:
+class PeakFlops(NamedTuple):
     """A device's peak FLOP/s in one dtype, where the figure comes from and how it was reached."""
 
     flops_per_s: float | None
@@ -110,11 +95,11 @@ class PeakFlops:
 
 # Dense datasheet peaks, FLOP/s: (name pattern, {dtype: peak}); "tf32" is float32 on tensor cores.
 # H200 has H100 SXM's compute. NVL and other variants are absent rather than guessed.
-_H100_SXM = {"float64": 33.5e12, "float32": 66.9e12, "tf32": 494.7e12, "bfloat16": 989.4e12, "float16": 989.4e12}
 _GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
     (r"nvl", {}),
     (r"h100 pcie", {"float64": 25.6e12, "float32": 51.2e12, "tf32": 378e12, "bfloat16": 756e12, "float16": 756e12}),
-    (r"\bh[12]00\b|gh200", _H100_SXM),
+    (r"\bh[12]00\b|gh200",
+     {"float64": 33.5e12, "float32": 66.9e12, "tf32": 494.7e12, "bfloat16": 989.4e12, "float16": 989.4e12}),
     (r"a100", {"float64": 9.7e12, "float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12, "float16": 312e12}),
     (r"\bl4\b", {"float32": 30.3e12, "tf32": 60e12, "bfloat16": 121e12, "float16": 121e12}),
     (r"v100", {"float64": 7.8e12, "float32": 15.7e12, "float16": 125e12}),
@@ -124,19 +109,17 @@ _GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
 
 def _gpu_peak(device: torch.device, dtype: torch.dtype) -> PeakFlops:
     name = device_name(device)
-    table = next((peaks for pattern, peaks in _GPU_PEAKS if re.search(pattern, name.lower())), None)
-    key = str(dtype).removeprefix("torch.")
-    note = ""
+    table = next((peaks for pattern, peaks in _GPU_PEAKS if re.search(pattern, name.lower())), {})
+    key, note = str(dtype).removeprefix("torch."), ""
     if dtype is torch.float32 and torch.cuda.get_device_capability(device) >= (8, 0):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             matmul = torch.get_float32_matmul_precision() != "highest"
             conv = bool(torch.backends.cudnn.allow_tf32)
-        if matmul or conv:
-            key = "tf32"
-        yes = {True: "yes", False: "no"}
-        note = f"; TF32 allowed for matmul: {yes[matmul]}, for cuDNN convolutions: {yes[conv]}"
-    if not table or key not in table:
+        key = "tf32" if matmul or conv else key
+        note = f"; TF32 allowed for matmul: {'yes' if matmul else 'no'}, for cuDNN convolutions: " \
+               f"{'yes' if conv else 'no'}"
+    if key not in table:
         return PeakFlops(None, None, f"no datasheet peak for {name} in {key}{note}")
     return PeakFlops(table[key], "datasheet", f"{name}: dense {key} datasheet peak{note}")
 
@@ -196,39 +179,29 @@ def _timed_add_loop_hz(iterations: int = 2_000_000, repeats: int = 5) -> float |
     return iterations * _X86_ADDS / best if best > 0 else None
 
 
-def default_cache_dir() -> Path:
-    """``$MODELWRIGHT_CACHE_DIR``, else ``~/.cache/modelwright``."""
-    env = os.environ.get("MODELWRIGHT_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "modelwright"
-
-
 def cpu_clock_hz(cache_path: str | Path | None = None) -> tuple[float | None, str]:
     """The CPU's clock and how it was found: measured once per machine (:data:`CLOCK_METHOD`), else cpuinfo MHz.
 
-    The measurement is cached in ``<cache dir>/cpu_clock.json`` with its method and the project's
-    ``DEFINITIONS_VERSION``; a cached value with another method or version is measured again.
+    Cached in ``cache_path`` (default ``$MODELWRIGHT_CACHE_DIR``, else ``~/.cache/modelwright``,
+    ``/cpu_clock.json``) with its method and ``DEFINITIONS_VERSION``; another method or version is measured again.
     """
-    path = Path(cache_path) if cache_path is not None else default_cache_dir() / "cpu_clock.json"
-    key = cpu_model()
+    cache_dir = os.environ.get("MODELWRIGHT_CACHE_DIR") or Path.home() / ".cache" / "modelwright"
+    path = Path(cache_path) if cache_path is not None else Path(cache_dir) / "cpu_clock.json"
     try:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         cache = {}
-    entry = cache.get(key) if isinstance(cache, dict) else None
-    current = {"method": CLOCK_METHOD, "definitions": DEFINITIONS_VERSION}
+    cache = cache if isinstance(cache, dict) else {}
+    entry, current = cache.get(cpu_model()), {"method": CLOCK_METHOD, "definitions": DEFINITIONS_VERSION}
     if isinstance(entry, dict) and {k: entry.get(k) for k in current} == current:
         return float(entry["clock_hz"]), CLOCK_METHOD
     hz = _timed_add_loop_hz()
     if hz is None:
         mhz = cpuinfo().get("cpu MHz")
         return (float(mhz) * 1e6, "/proc/cpuinfo cpu MHz (not measured)") if mhz else (None, "clock unknown")
-    cache = cache if isinstance(cache, dict) else {}
-    cache[key] = {"clock_hz": hz, **current}
+    cache[cpu_model()] = {"clock_hz": hz, **current}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(cache, indent=1, sort_keys=True))
     except OSError as err:  # a read-only home should not stop a run
         warnings.warn(f"could not cache the CPU clock in {path}: {err}", stacklevel=2)
     return hz, CLOCK_METHOD
@@ -237,58 +210,43 @@ def cpu_clock_hz(cache_path: str | Path | None = None) -> tuple[float | None, st
 def physical_cores() -> int:
     """Cores this process may run on, SMT siblings counted once (they share the FMA units)."""
     info = cpuinfo()
-    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
         per_core = max(1, int(info["siblings"]) // int(info["cpu cores"]))
     except (KeyError, ValueError, ZeroDivisionError):
         per_core = 1
-    return max(1, logical // per_core)
+    return max(1, (available_cpus() or os.cpu_count() or 1) // per_core)
 
 
-def hardware_peak(
-    device: torch.device | str | None, dtype: torch.dtype = torch.float32, cache_path: str | Path | None = None
-) -> PeakFlops:
+def hardware_peak(device: torch.device | str | None, dtype: torch.dtype = torch.float32,
+                  cache_path: str | Path | None = None) -> PeakFlops:
     """The peak FLOP/s of one ``device`` in ``dtype``, with its source and the arithmetic behind it.
 
     GPU: the dense datasheet figure (TF32 for float32 where PyTorch allows it on Ampere or later).
     CPU: cores (``torch.get_num_threads()``, at most the physical cores) × FLOP/cycle of the instruction set
     (``/proc/cpuinfo`` flags) × the clock of :func:`cpu_clock_hz`. Unknown hardware gives ``flops_per_s=None``.
     """
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cuda" and torch.cuda.is_available():
+    device = as_device(device)
+    if cuda_device(device) is not None:
         return _gpu_peak(device, dtype)
     if device.type != "cpu":
         return PeakFlops(None, None, f"no peak known for {device.type}")
     per_cycle, isa = _cpu_flop_per_cycle(dtype, cpuinfo())
-    if per_cycle is None:
-        return PeakFlops(None, None, isa)
-    hz, how = cpu_clock_hz(cache_path)
+    hz, how = cpu_clock_hz(cache_path) if per_cycle else (None, isa)
     if hz is None:
         return PeakFlops(None, None, how)
     cores = min(torch.get_num_threads(), physical_cores())
     name = str(dtype).removeprefix("torch.")
-    return PeakFlops(
-        cores * per_cycle * hz,
-        "cpu-isa-clock",
-        f"{cores} cores x {per_cycle} {name} FLOP/cycle ({isa}) x {hz / 1e9:.2f} GHz ({how})",
-    )
+    return PeakFlops(cores * per_cycle * hz, "cpu-isa-clock",
+                     f"{cores} cores x {per_cycle} {name} FLOP/cycle ({isa}) x {hz / 1e9:.2f} GHz ({how})")
 
 
-def resolve_peak_flops(
-    device: torch.device | str,
-    dtype: torch.dtype,
-    table_value: float | None = None,
-    config_value: float | None = None,
-    measure: bool = True,
-    cache_path: str | Path | None = None,
-    **_: Any,
-) -> tuple[float | None, str | None]:
+def resolve_peak_flops(device: torch.device | str, dtype: torch.dtype, table_value: float | None = None,
+                       config_value: float | None = None) -> tuple[float | None, str | None]:
     """``(peak, source)``: ``config_value`` if given, else :func:`hardware_peak`, else ``table_value`` (a vendor
-    table such as Lightning's, for a GPU ours lacks). ``measure=False`` allows no clock measurement on a CPU."""
+    table such as Lightning's, for a GPU ours lacks)."""
     if config_value:
         return float(config_value), "config"
-    if measure or torch.device(device).type != "cpu":
-        peak = hardware_peak(device, dtype, cache_path=cache_path)
-        if peak.flops_per_s:
-            return peak.flops_per_s, peak.source
+    peak = hardware_peak(device, dtype)
+    if peak.flops_per_s:
+        return peak.flops_per_s, peak.source
     return (float(table_value), "lightning-table") if table_value else (None, None)

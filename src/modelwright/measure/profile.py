@@ -1,17 +1,12 @@
 """The saved-for-backward profile of one training step: what the planner predicts every technique's peak from.
 
-One plain fp32 step, no checkpointing, is run under PyTorch's ``MemTracker`` with a
-``torch.autograd.graph.saved_tensors_hooks`` pair that sees every tensor autograd keeps for backward. The
-profile records, per module in forward order:
-
-* the bytes of the storages it saved (each storage counted once, charged to the first module in forward order
-  that saved it, which is the last to release it in backward), by dtype and kind: ``batch`` (first dimension a
-  multiple of the batch), ``fixed`` (per-channel statistics), ``param`` (a parameter: free in fp32, a 16-bit copy
-  under autocast when ``cast``), ``input`` (the batch itself, made before the step);
-* MemTracker's per-module view: gradients, activations and temporaries at the module's peak in backward;
-* the checkpoint segments (stage, block) it belongs to, and each segment's input storage and parameter bytes.
-
-The result is a JSON-ready dict (``record["profile"]``); ``modelwright.planner.memory`` reads it.
+One plain fp32 step, no checkpointing, runs under PyTorch's ``MemTracker`` with ``saved_tensors_hooks`` that see
+every tensor autograd keeps for backward. Per module in forward order the profile holds the storages it saved
+(each counted once, charged to the first module that saved it: the last to release it in backward) by dtype and
+kind (``batch``: first dimension a multiple of the batch; ``fixed``: per-channel statistics; ``param``: a weight,
+free in fp32; ``cast``: a weight autocast copies to 16 bits; ``input``: the batch, made before the step);
+MemTracker's gradients, activations and temporaries at the module's backward peak; and the checkpoint segments
+(stage, block) it is in, with each segment's input and parameter bytes. ``modelwright.planner.memory`` reads it.
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ from torch import nn
 
 #: Modules whose ops autocast runs in 16 bits, so a weight they save becomes a 16-bit copy.
 AUTOCAST_16BIT = ("Conv1d", "Conv2d", "Conv3d", "Linear", "NonDynamicallyQuantizableLinear", "MultiheadAttention")
-PROFILE_VERSION = 1
 
 
 def _kind(t: torch.Tensor, batch: int) -> str:
@@ -40,21 +34,11 @@ def profile_step(
     inputs: Sequence[torch.Tensor] = (),
     segments: Mapping[str, Sequence[nn.Module]] | None = None,
 ) -> dict[str, Any]:
-    """Run ``step`` once (forward, backward, optimizer step) and return its profile.
+    """Run ``step`` (one forward, backward and optimizer step of ``batch_size`` samples on ``inputs``, the batch
+    made before it) once and return its JSON-ready profile, sizes in bytes; see the module docstring.
 
-    Run it after a warm-up step, so that the optimizer state exists, on an fp32 model without checkpointing.
-
-    Args:
-        model: the network (the root whose modules are profiled).
-        step: runs one training step of ``batch_size`` samples on ``inputs``.
-        batch_size: samples in the step (the micro-batch).
-        optimizers: their state is counted as optimizer state.
-        inputs: tensors made before the step (the batch): saved, but not the step's memory.
-        segments: checkpoint segments by granularity (``{"stage": [...], "block": [...]}``).
-
-    Returns:
-        ``{"version", "batch_size", "units", "storages", "segments", "parameters", "peak_bytes", ...}``; see the
-        module docstring. Sizes are bytes.
+    Run it after a warm-up step (so the optimizer state exists) on an fp32 model without checkpointing;
+    ``segments`` are the checkpoint segments by granularity (``{"stage": [...], "block": [...]}``).
     """
     from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
@@ -92,7 +76,7 @@ def profile_step(
                 kind = "input" if st.data_ptr() in outside else _kind(args[0], batch_size)
                 seg_inputs[g][mods.index(mod)] = [st.data_ptr(), st.nbytes(), kind]
 
-    def post(mod: nn.Module, args: Any, out: Any) -> None:
+    def post(*_: Any) -> None:  # a forward hook that returned the module would replace the output
         stack.pop()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -108,16 +92,16 @@ def profile_step(
 
     hooks = [m.register_forward_pre_hook(pre) for m in model.modules()]
     hooks += [m.register_forward_hook(post) for m in model.modules()]
-    warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
     tracker = MemTracker()
     tracker.track_external(model, *optimizers)
     try:
-        with tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with warnings.catch_warnings(), tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
             step()
     finally:
         for h in hooks:
             h.remove()
-    dev = torch.device("cpu") if next(model.parameters()).device.type == "cpu" else next(model.parameters()).device
+    dev = next(model.parameters()).device
 
     def ours(snap: Mapping) -> dict[str, int]:
         return {str(getattr(k, "value", k)): int(v) for k, v in snap.get(dev, snap.get(str(dev), {})).items()}
@@ -131,19 +115,11 @@ def profile_step(
                                     (("gradients", "Gradient"), ("activations", "Activation"), ("temporaries", "Temp"))}
     peak = ours(tracker.get_tracker_snapshot("peak"))
     return {
-        "version": PROFILE_VERSION,
-        "batch_size": batch_size,
-        "units": units,
-        "storages": list(storages.values()),
-        "segments": {
-            g: [{
-                "input_bytes": seg_inputs[g].get(i, [0, 0])[1],
-                "input_kind": seg_inputs[g].get(i, [0, 0, "batch"])[2],
-                "input_owner": storages.get(seg_inputs[g].get(i, [None])[0], [None])[0],
-                "param_bytes": sum(p.numel() * p.element_size() for p in seg.parameters()),
-            } for i, seg in enumerate(mods)]
-            for g, mods in segments.items()
-        },
+        "version": 1, "batch_size": batch_size, "units": units, "storages": list(storages.values()),
+        "segments": {g: [{"input_bytes": inp[1], "input_kind": inp[2], "input_owner": storages.get(inp[0], [None])[0],
+                          "param_bytes": sum(p.numel() * p.element_size() for p in seg.parameters())}
+                         for i, seg in enumerate(mods) for inp in [seg_inputs[g].get(i, [None, 0, "batch"])]]
+                     for g, mods in segments.items()},
         "parameters": sum(p.numel() for p in model.parameters()),
         "largest_param_bytes": max(p.numel() * p.element_size() for p in model.parameters()),
         "peak_bytes": {k: peak.get(v, 0) for k, v in (

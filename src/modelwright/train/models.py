@@ -1,13 +1,9 @@
 """Plain ``nn.Module`` networks for 32×32 images, built by name, and their checkpoint segments.
 
-Each network knows two checkpoint granularities where it has them:
-
-* ``stage``: the large groups of layers that share a resolution (resnet18's ``layer1``..``layer4``);
-* ``block``: the residual / conv / transformer blocks inside them.
-
-:func:`apply_gradient_checkpointing` recomputes those segments in backward with
-``torch.utils.checkpoint`` (``use_reentrant=False``). It replaces each segment's ``forward`` on the
-instance, so parameter names and ``state_dict`` keys stay the same with or without checkpointing.
+Granularities: ``stage`` (layers sharing a resolution: resnet18's ``layer1``..``layer4``) and ``block`` (the
+residual / conv / transformer blocks inside). :func:`apply_gradient_checkpointing` recomputes them in backward
+(``torch.utils.checkpoint``, ``use_reentrant=False``) by replacing each segment's ``forward`` on the instance, so
+parameter names and ``state_dict`` keys stay the same; :func:`checkpointed_modules` says which it wrapped.
 """
 
 from __future__ import annotations
@@ -163,3 +159,8 @@ def apply_gradient_checkpointing(model: nn.Module, granularity: str) -> list[nn.
         if not isinstance(module.forward, _CheckpointedForward):
             module.forward = _CheckpointedForward(module.forward)
     return segments
+
+
+def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` that :func:`apply_gradient_checkpointing` wrapped, in module order."""
+    return [m for m in model.modules() if isinstance(m.__dict__.get("forward"), _CheckpointedForward)]

@@ -6,7 +6,6 @@ under ``model:`` (the Trainer's own ``precision`` and ``accumulate_grad_batches`
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import lightning.pytorch as pl
@@ -16,50 +15,14 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from torchmetrics.classification import MulticlassAccuracy
 
-from modelwright.errors import require
+from modelwright.train.args import ModelArgs, from_hparams
 from modelwright.train.models import apply_gradient_checkpointing, build_model, checkpoint_segments
+from modelwright.train.optim import build_optimizer, build_scheduler
 
 OptimizerName = Literal["sgd", "adamw"]
 OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
 SchedulerName = Literal["none", "cosine", "onecycle"]
-
-
-def build_optimizer(
-    params, *, optimizer: str, lr: float, momentum: float, weight_decay: float, optimizer_impl: str = "auto"
-) -> torch.optim.Optimizer:
-    """SGD (Nesterov momentum when ``momentum > 0``) or AdamW; ``optimizer_impl`` forces for-loop/foreach/fused."""
-    kwargs = {} if optimizer_impl == "auto" else (
-        {"fused": True} if optimizer_impl == "fused" else {"foreach": optimizer_impl == "foreach"}
-    )
-    if optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=momentum, nesterov=momentum > 0, weight_decay=weight_decay, **kwargs
-        )
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kwargs)
-
-
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, scheduler: str, *, lr: float, total_steps: int
-) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """The learning-rate schedule over ``total_steps`` optimizer steps (``None`` for ``none``).
-
-    ``onecycle`` rises linearly from ``lr / 25`` to ``lr`` over the first quarter, then follows a cosine to
-    ``lr / 1e4``; written as a LambdaLR because torch's OneCycleLR divides by zero on runs of a few steps.
-    """
-    total_steps = max(1, total_steps)
-    if scheduler == "cosine":
-        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
-    if scheduler != "onecycle":
-        return None
-    warmup = max(1, round(0.25 * total_steps))
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return 1 / 25 + (1 - 1 / 25) * step / warmup
-        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-        return 1e-4 + (1 - 1e-4) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+__all__ = ["ImageClassifier", "build_optimizer", "build_scheduler", "shard_per_block"]
 
 
 def shard_per_block(net: nn.Module, mesh) -> None:
@@ -105,12 +68,8 @@ class ImageClassifier(pl.LightningModule):
         label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
-        require(num_classes >= 2, f"model.num_classes: must be at least 2, got {num_classes}")
-        require(lr > 0, f"model.lr: must be positive, got {lr}")
-        require(weight_decay >= 0, f"model.weight_decay: must be >= 0, got {weight_decay}")
-        require(0 <= momentum < 1, f"model.momentum: must be in [0, 1), got {momentum}")
-        require(0 <= label_smoothing < 1, f"model.label_smoothing: must be in [0, 1), got {label_smoothing}")
         self.save_hyperparameters()
+        from_hparams(ModelArgs, self.hparams)  # checks the values
         self.net: nn.Module = build_model(model_name, num_classes)
         # Raises a ConfigError now, at instantiation, for a granularity this network lacks.
         checkpoint_segments(self.net, gradient_checkpointing)
@@ -159,6 +118,13 @@ class ImageClassifier(pl.LightningModule):
         self.val_acc(logits, batch[1])
         self.log("val/loss", loss, prog_bar=True, sync_dist=True)
         self.log("val/acc", self.val_acc, prog_bar=True)
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
+        super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
+        # Free the gradients now, as a raw loop does: Lightning zeroes them only after the next forward, which
+        # keeps 4 bytes per parameter alive through that forward's activation peak. Lightning calls this once per
+        # optimizer step, after the last micro-batch, so accumulation is untouched.
+        optimizer.zero_grad(set_to_none=True)
 
     def configure_optimizers(self):
         hp = self.hparams

@@ -1,44 +1,28 @@
 """Exact resume from a checkpoint written in the middle of an epoch: a training DataLoader that knows its place.
 
-What Lightning 2.6 does on ``fit(ckpt_path=...)``, and what it leaves to the DataLoader:
+Lightning 2.6 restores weights, optimizer, scheduler and loop counters on ``fit(ckpt_path=...)`` and continues at
+the batch after the checkpointed one, but a plain DataLoader starts the epoch over with a new shuffle from the
+global RNG, which is not restored either. A loader with ``state_dict()`` is saved in every checkpoint, yet its
+state is never loaded when ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (OneCycleLR and
+cosine do): the loader is iterated before the loop state is restored (Lightning issue #20550, open).
 
-* It restores weights, optimizer and scheduler state and its loop counters, and continues the epoch at the
-  batch after the checkpointed one. It does not move the data: a plain DataLoader starts the epoch over with
-  a new shuffle, drawn from the global RNG, which is not restored either.
-* A training DataLoader with ``state_dict()``/``load_state_dict()`` has its state saved in every checkpoint
-  (the fit loop's ``combined_loader`` entry) and is meant to get it back before its first ``iter()``. But
-  when ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (OneCycleLR and cosine do, for
-  their length), the loader is built and iterated before the checkpoint's loop state is restored, and the
-  saved state is never loaded (Lightning issue #20550, open).
+So the position also travels through the LightningDataModule, whose state Lightning restores first:
+:class:`TrainLoaderResume` saves the position of the loader in use and hands it, on resume, to the loader's first
+pass through the ``resume`` argument of :class:`ResumableDataLoader` (an ``__init__`` argument survives Lightning
+re-creating the loader to insert a DistributedSampler). A state delivered both ways is applied once.
 
-So the position also travels a second way, through the LightningDataModule, whose state Lightning restores
-first: :class:`TrainLoaderResume` (held by :class:`modelwright.train.data.ImageDataModule`) saves the position of
-the loader in use and hands it, on resume, to the loader's first pass, through the ``resume`` argument of
-:class:`ResumableDataLoader` (an ``__init__`` argument survives Lightning re-creating the loader to insert a
-DistributedSampler). A state delivered both ways is the same state, applied once.
+The state is ``{"batches": batches yielded in the pass, "sampler": the shuffle's seed, "epoch": the sampler's
+epoch (DistributedSampler), "rng": torch (CPU, current CUDA device), numpy and Python RNG states}``, applied at
+the pass's first batch: mid-pass, the same permutation with its first ``batches`` batches skipped by index (no
+sample loaded) and the RNG states restored just before the first fetch, so dropout and augmentation continue the
+same stream; at a pass boundary, the RNG states restored and a new pass drawn from them. An uninterrupted run
+draws the same permutations as ``DataLoader(shuffle=True)``.
 
-A pass applies a delivered state at its first batch (whenever it arrived before it), as the uninterrupted
-run stood when the checkpoint was written. The state is ``{"batches": batches yielded in the pass,
-"sampler": the shuffle's seed, "epoch": the sampler's epoch (DistributedSampler), "rng": torch (CPU and
-current CUDA device), numpy and Python global RNG states}``. Then:
-
-* mid-pass (``0 < batches < len``): the same permutation (saved seed; under DDP, the saved epoch), its first
-  ``batches`` batches skipped by index (no sample is loaded), and the global RNG states restored just before
-  the first batch is fetched, so dropout and in-process augmentation continue the same stream;
-* at a pass boundary (the checkpoint ended an epoch): RNG states restored, then a new pass, which draws its
-  seed from them.
-
-An uninterrupted run draws the same permutations as ``DataLoader(shuffle=True)``: the sampler takes its seed
-from the global RNG at the start of each pass exactly as :class:`torch.utils.data.RandomSampler` does.
-
-Counting is by batches *yielded*: Lightning does not prefetch from a loader with a length, so at
-``on_train_batch_end`` (``ModelCheckpoint``) and at the end of a batch (the SIGTERM checkpoint) that equals the
-batches it completed. Not exact, and said here rather than hidden: a checkpoint written while a batch is in
-flight (by an exception handler other than SIGTERM's), one ending an epoch shortened by
-``limit_train_batches``, global RNG draws made between the checkpoint and the next training batch that the
-resumed run does not repeat (a validation run after a step checkpoint, ``on_train_epoch_start`` hooks), and the
-RNG of DataLoader worker processes (``num_workers > 0``: workers are seeded anew on resume, so their
-augmentation differs).
+Counting is by batches *yielded* (Lightning does not prefetch from a loader with a length). Not exact, and said
+here: a checkpoint written while a batch is in flight (by an exception handler other than SIGTERM's), one ending
+an epoch shortened by ``limit_train_batches``, RNG draws between the checkpoint and the next training batch that
+the resumed run does not repeat (a validation after a step checkpoint, ``on_train_epoch_start`` hooks), and the
+RNG of DataLoader worker processes (``num_workers > 0``: reseeded on resume).
 """
 
 from __future__ import annotations
