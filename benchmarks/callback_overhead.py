@@ -4,11 +4,11 @@ To run: ``uv run benchmarks/callback_overhead.py`` (add ``--steps 20 --repeats 5
 ``--model smallcnn --batch-size 16 --steps 6 --repeats 1`` for a smoke run).
 
 Each repeat trains the same config from ``configs/base.yaml`` twice in this process, once with the
-measurement callbacks (``StepTimeMonitor``, ``MemoryMonitor``, ``FlopsMonitor``, ``RunRecord``) and once
+measurement callbacks (``StepTimeMonitor``, ``MemoryMonitor``, ``RunRecord``) and once
 without, alternating which goes first. A probe callback of its own, present in both runs, times every
 optimizer step as the interval between consecutive ``on_train_batch_start`` calls, so all hooks of a
 step, data loading and logging are inside. Left out: the first ``--warmup`` steps and, with the
-callbacks on, the steps they announce as perturbed (the memory-anatomy capture, the FLOP count).
+callbacks on, the steps a ``Measurement`` callback announces as perturbed (the memory-anatomy capture).
 The median over the pairs of the ratio of median step times, callbacks on ÷ off, is the side-by-side figure
 (each pair ran back to back, so a shared machine's slow drifts cancel, but not its step-to-step noise).
 
@@ -43,17 +43,17 @@ from lightning.pytorch.callbacks import Callback
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repository root: `callbacks` package
 
-from callbacks.flops_monitor import FlopsMonitor  # noqa: E402
+from callbacks._glue import Measurement  # noqa: E402
 from callbacks.memory_monitor import MemoryMonitor  # noqa: E402
 from callbacks.run_record import RunRecord  # noqa: E402
 from callbacks.step_timer import StepTimeMonitor  # noqa: E402
+from modelwright.measure import device_sync, hardware_info, percentile, versions  # noqa: E402
+from modelwright.study import hardware_slug  # noqa: E402
 from modelwright.train.cli import BASE_CONFIG, ModelwrightCLI  # noqa: E402
 from modelwright.train.data import ImageDataModule  # noqa: E402
-from modelwright.measure import device_sync, hardware_info, percentile, versions  # noqa: E402
 from modelwright.train.module import ImageClassifier  # noqa: E402
-from modelwright.study import hardware_slug  # noqa: E402
 
-MEASUREMENT = (StepTimeMonitor, MemoryMonitor, FlopsMonitor, RunRecord)
+MEASUREMENT = (StepTimeMonitor, MemoryMonitor, RunRecord)
 
 
 class StepProbe(Callback):
@@ -156,12 +156,12 @@ def one_run(
     probe = StepProbe(clock)
     trainer.callbacks.insert(0, probe)
     trainer.fit(cli.model, cli.datamodule)
-    perturbers = [cb for cb in trainer.callbacks if hasattr(cb, "perturbs_step")]
+    perturbers = [cb for cb in trainer.callbacks if isinstance(cb, Measurement)]
     first = probe.durations[0][0] if probe.durations else 0
     kept = [
         (step, dt)
         for step, dt in probe.durations
-        if step - first >= args.warmup and not any(cb.perturbs_step(step) for cb in perturbers)
+        if step - first >= args.warmup and not any(cb.perturbs(step) for cb in perturbers)
     ]
     if clock is not None and hooks is not None:
         hooks["per_step"].extend(clock.per_step.get(step, 0.0) for step, _ in kept)

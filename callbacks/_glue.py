@@ -1,23 +1,45 @@
-"""Small pieces of Lightning glue shared by the measurement callbacks (not a callback itself)."""
+"""What the callbacks share: the :class:`Measurement` interface, scalar logging, batch helpers, quiet logs."""
 
 from __future__ import annotations
 
+import logging
 import math
+import warnings
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import Callback
 
-T = TypeVar("T")
+
+class Measurement(Callback):
+    """A callback that measures part of a run. The one way callbacks learn about each other, found with isinstance.
+
+    Both methods have defaults (nothing to add, no step disturbed); a subclass overrides what applies.
+    """
+
+    def record_sections(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, dict]:
+        """What this callback adds to the run record: ``{section: {key: value}}`` (``timing``, ``memory``, ...).
+
+        :class:`callbacks.run_record.RunRecord` merges the sections of every measurement at the end of ``fit``.
+        """
+        return {}
+
+    def perturbs(self, step: int) -> bool:
+        """Whether this callback disturbs optimizer step ``step`` (``global_step`` as it began) with one-off
+        work (an anatomy capture, a FLOP count); the step timer leaves such steps out."""
+        return False
+
+
+def measurements(trainer: pl.Trainer) -> list[Measurement]:
+    return [cb for cb in trainer.callbacks if isinstance(cb, Measurement)]
 
 
 def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float | None]) -> None:
     """Send finite scalars to every logger at the current optimizer step (loggers write on rank 0 only)."""
     clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
-    if not clean:
-        return
-    for logger in trainer.loggers:
+    for logger in trainer.loggers if clean else ():
         logger.log_metrics(clean, step=trainer.global_step)
 
 
@@ -27,22 +49,14 @@ def log_every(trainer: pl.Trainer, own: int | None) -> int:
     return max(1, int(n or 1))
 
 
-def find_callback(trainer: pl.Trainer, cls: type[T]) -> T | None:
-    """The first callback of type ``cls`` in the Trainer, or None."""
-    return next((cb for cb in trainer.callbacks if isinstance(cb, cls)), None)
-
-
 def first_tensor(batch: Any) -> torch.Tensor | None:
     """The first tensor of a batch: itself, the first of a tuple or list, or a dict's first value."""
     if isinstance(batch, torch.Tensor):
         return batch
-    if isinstance(batch, Mapping):
-        batch = list(batch.values())
-    if isinstance(batch, (list, tuple)):
-        for item in batch:
-            t = first_tensor(item)
-            if t is not None:
-                return t
+    for item in batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ():
+        t = first_tensor(item)
+        if t is not None:
+            return t
     return None
 
 
@@ -56,3 +70,24 @@ def unwrap_net(pl_module: pl.LightningModule, attr: str = "net") -> torch.nn.Mod
     """The network inside the LightningModule (``pl_module.<attr>``), or the module itself."""
     net = getattr(pl_module, attr, None) if attr else None
     return net if isinstance(net, torch.nn.Module) else pl_module
+
+
+class _DropAdverts(logging.Filter):
+    PREFIXES = ("💡 Tip:", "Trainer already configured with model summary callbacks")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.PREFIXES)
+
+
+def quiet_lightning() -> None:
+    """Silence, by exact message, output a user cannot act on: Lightning's logging-service adverts, the
+    FutureWarning torch raises at Lightning's own use of ``LeafSpec``, and the model summary's note that it sizes
+    mixed-precision parameters as fp32 (they are fp32). Every other warning stays."""
+    log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropAdverts) for f in log.filters):
+        log.addFilter(_DropAdverts())
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
+        module=r"lightning\.pytorch\.utilities\._pytree",
+    )
+    warnings.filterwarnings("ignore", message=r"Precision .* is not supported by the model summary")

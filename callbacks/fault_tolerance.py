@@ -6,26 +6,15 @@ YAML (``trainer.callbacks``)::
     - class_path: callbacks.fault_tolerance.NonFiniteLossGuard
       init_args: {on_nonfinite: stop, max_skipped_steps: null}
     - class_path: callbacks.fault_tolerance.GracefulStop
-      init_args: {exit_code: 143}
 
-:class:`NonFiniteLossGuard` watches the training loss. ``stop`` ends the fit with :class:`NonFiniteLossError`
-(a ``FloatingPointError``) naming the optimizer step; ``skip`` drops that optimizer step (no parameter or
-optimizer-state update; the LR schedule still advances) and counts it. Under ``16-mixed`` with a GradScaler it
-also counts the optimizer steps the scaler skipped for inf/NaN gradients (the scale went down), which is
-normal loss-scale search, not divergence. What the record needs: :attr:`~NonFiniteLossGuard.diverged`,
-:attr:`~NonFiniteLossGuard.diverged_at_step`, :attr:`~NonFiniteLossGuard.skipped_steps` and
-:attr:`~NonFiniteLossGuard.scaler_skipped_steps`, or all of them from :meth:`~NonFiniteLossGuard.summary`.
+:class:`NonFiniteLossGuard` stops the fit at a non-finite training loss, or skips and counts such steps; under
+``16-mixed`` it also counts the steps the GradScaler skipped (loss-scale search, not divergence). Its
+:meth:`~NonFiniteLossGuard.summary` is the record's ``faults`` section. Costs, on a GPU: ``stop`` reads one
+flag on the host per batch, after its optimizer step is queued; ``skip`` reads it before the optimizer step.
+Under DDP a one-element all-reduce at each read makes every rank take the same decision.
 
-:class:`GracefulStop` turns Lightning's SIGTERM handling into "checkpoint, then a non-zero exit": Lightning's
-handler only sets a flag and raises ``SIGTERMException`` (a ``SystemExit`` with no code, so exit status 0)
-at the end of the current batch; this callback saves ``last.ckpt`` there (``--ckpt_path last`` resumes from
-it) and gives the exception the conventional exit status 128 + SIGTERM = 143. Under DDP it also keeps a
-failure from hanging or orphaning processes; see the class.
-
-Costs, on a GPU: ``stop`` reads one flag on the host per batch, after its optimizer step is queued (where
-``log_every_n_steps: 1`` already reads the loss); ``skip`` reads it before the optimizer step, a host sync
-inside the step. The scaler count stays on the device until read. Under DDP, a one-element all-reduce at
-each of those reads makes every rank take the same decision.
+:class:`GracefulStop` turns Lightning's SIGTERM handling (a flag, then ``SIGTERMException`` with exit status 0)
+into "save ``last.ckpt``, exit 143", and keeps a failure under DDP from hanging or orphaning processes.
 """
 
 from __future__ import annotations
@@ -43,6 +32,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from callbacks._glue import Measurement
+
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss was NaN or infinite (raised by :class:`NonFiniteLossGuard` on every rank alike)."""
@@ -57,7 +48,7 @@ class _MicroBatch:
     batch_idx: int
 
 
-class NonFiniteLossGuard(Callback):
+class NonFiniteLossGuard(Measurement):
     """Stops the fit at the first non-finite training loss, or skips and counts such optimizer steps.
 
     Args:
@@ -173,6 +164,9 @@ class NonFiniteLossGuard(Callback):
             "nonfinite_skipped_at": list(self.skipped_at),
             "scaler_skipped_steps": self.scaler_skipped_steps,
         }
+
+    def record_sections(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, dict]:
+        return {"faults": self.summary()}
 
     def state_dict(self) -> dict[str, Any]:
         return {

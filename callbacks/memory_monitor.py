@@ -11,7 +11,8 @@ YAML (``trainer.callbacks``)::
   tensor is attributed by :class:`modelwright.measure.MemoryAnatomy` to parameters, gradients,
   optimizer state, activations, temporaries, communication buffers or inputs (the dataset and the
   batches, registered so that micro-batches fetched inside the capture are not activations);
-  ``mem/<category>_mib`` is the breakdown at that step's peak. The capture spans the whole accumulation
+  the breakdown at that step's peak goes to the record and to TensorBoard as one figure and table
+  (``mem/anatomy_total_mib`` is its total). The capture spans the whole accumulation
   cycle and slows that step down, so the step timer leaves it out. On CPU, where there is no allocator
   peak, ``peak_allocated_mib`` is the capture's peak total. A compiled network has no anatomy (the
   tracker would see eager code); ``anatomy_caveat`` says so, or flags activations left after the step.
@@ -26,9 +27,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
 
-from callbacks._glue import log_every, log_scalars
+from callbacks._glue import Measurement, log_every, log_scalars
 from modelwright.measure import (
     AnatomyUnavailable,
     MemoryAnatomy,
@@ -40,7 +40,7 @@ from modelwright.measure import (
 )
 
 
-class MemoryMonitor(Callback):
+class MemoryMonitor(Measurement):
     """Peak allocator memory over a window, and the tensor anatomy of one step.
 
     Args:
@@ -86,7 +86,7 @@ class MemoryMonitor(Callback):
 
     # -- the window ------------------------------------------------------------------------------
 
-    def perturbs_step(self, step: int) -> bool:
+    def perturbs(self, step: int) -> bool:
         """Whether this callback slows optimizer step ``step`` down (the anatomy capture)."""
         return self.anatomy and self._capture_at is not None and step == self._capture_at
 
@@ -171,11 +171,8 @@ class MemoryMonitor(Callback):
             self.peak_allocated_mib = self.anatomy_mib["total"]
 
     def _anatomy_scalars(self) -> dict[str, float | None]:
-        if self.anatomy_mib is None:
-            return {}
-        return {f"mem/{key}_mib": value for key, value in self.anatomy_mib.items() if key != "total"} | {
-            "mem/anatomy_total_mib": self.anatomy_mib["total"]
-        }
+        # The categories go to TensorBoard as one figure and table (callbacks/_summary.py), not as single dots.
+        return {} if self.anatomy_mib is None else {"mem/anatomy_total_mib": self.anatomy_mib["total"]}
 
     def _abandon_capture(self) -> None:
         # Leaves no tracker (dispatch mode, hooks) behind when a fit ends inside the captured step.
@@ -195,6 +192,9 @@ class MemoryMonitor(Callback):
         self._abandon_capture()
 
     # -- the record ------------------------------------------------------------------------------
+
+    def record_sections(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, dict]:
+        return {"memory": self.summary()}
 
     def summary(self) -> dict[str, Any]:
         """The record's ``memory`` figures this callback knows."""

@@ -1,16 +1,15 @@
-"""One JSON record per run: config, techniques as applied, hardware, versions, measurements, metrics.
+"""One JSON record per run (:func:`modelwright.record.build_record`), and what the run tells its user.
 
 YAML (``trainer.callbacks``)::
 
     - class_path: callbacks.run_record.RunRecord
       init_args: {record_path: null, records_jsonl: null}
 
-The record follows :data:`modelwright.record.SCHEMA` (``docs/record-schema.md``). It is assembled at
-the end of ``fit`` from the measurement callbacks found in ``trainer.callbacks``
-(:class:`StepTimeMonitor`, :class:`MemoryMonitor`, :class:`FlopsMonitor`; sections of absent ones
-stay null) and written by global rank 0 only. A fit that raises still leaves a record, with status
-``failed``, ``oom`` or ``interrupted`` and the error; a fit whose final loss is not finite ends
-``diverged``.
+At the end of ``fit`` the record is assembled from the sections every :class:`~callbacks._glue.Measurement`
+callback contributes (``docs/record-schema.md``) and written by global rank 0 only; rank 0 then prints a
+short summary and puts it, with the memory anatomy as a figure, into the TensorBoard run. A fit that raises
+still leaves a record, with status ``failed``, ``oom``, ``interrupted`` or ``diverged`` and the error.
+A ``fast_dev_run`` writes nothing: its logger is a dummy and its figures are not results.
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from callbacks._glue import batch_size_of, find_callback, log_every, unwrap_net
-from callbacks.flops_monitor import FlopsMonitor
-from callbacks.memory_monitor import MemoryMonitor
-from callbacks.step_timer import StepTimeMonitor
+from callbacks import _summary
+from callbacks._glue import batch_size_of, log_every, measurements, quiet_lightning, unwrap_net
 from modelwright.measure import (
     StepCycle,
     channels_last_applied,
@@ -40,21 +37,21 @@ from modelwright.measure import (
     optimizer_impl,
     versions,
 )
-from modelwright.record import METRIC_KEYS, append_record, new_record, to_jsonable, write_record
+from modelwright.record import METRIC_KEYS, append_record, build_record, to_jsonable, write_record
 
-_STRATEGY_NAMES = {
-    "SingleDeviceStrategy": "single_device",
-    "DDPStrategy": "ddp",
-    "FSDPStrategy": "fsdp",
-    "ModelParallelStrategy": "model_parallel",
-    "DeepSpeedStrategy": "deepspeed",
-    "SingleDeviceXLAStrategy": "single_xla",
-    "XLAStrategy": "xla",
-}
+try:
+    from modelwright.train.models import checkpointed_modules
+except ImportError:  # an older package: count the modules whose forward was replaced on the instance
+    def checkpointed_modules(net: torch.nn.Module) -> list[torch.nn.Module]:
+        return [m for m in net.modules() if "forward" in m.__dict__]
+
+_STRATEGY_NAMES = {"SingleDeviceStrategy": "single_device", "DDPStrategy": "ddp", "FSDPStrategy": "fsdp",
+                   "ModelParallelStrategy": "model_parallel", "DeepSpeedStrategy": "deepspeed",
+                   "SingleDeviceXLAStrategy": "single_xla", "XLAStrategy": "xla"}
 
 
 class RunRecord(Callback):
-    """Writes the run record at the end of ``fit`` (or when it fails).
+    """Writes the run record at the end of ``fit`` (or when it fails), then reports the run.
 
     Args:
         record_path: where to write the record; ``{log_dir}`` and ``{run_id}`` are filled in.
@@ -63,6 +60,7 @@ class RunRecord(Callback):
         run_id: the run's id; default ``$MODELWRIGHT_RUN_ID``, else time + random suffix.
         history: keep ``train/*`` every logging step and ``val/*`` every validation in ``history``.
         log_every_n_steps: how often ``train/*`` enters the history; default the Trainer's.
+        summary: print the summary on rank 0 and write it, with the anatomy figure, to TensorBoard.
     """
 
     def __init__(
@@ -72,39 +70,39 @@ class RunRecord(Callback):
         run_id: str | None = None,
         history: bool = True,
         log_every_n_steps: int | None = None,
+        summary: bool = True,
     ) -> None:
         super().__init__()
-        self.record_path = record_path
-        self.records_jsonl = records_jsonl
-        self.run_id = run_id
-        self.history = history
-        self.log_every_n_steps = log_every_n_steps
+        quiet_lightning()  # before the Trainer exists: its adverts come from its constructor
+        self.record_path, self.records_jsonl, self.run_id = record_path, records_jsonl, run_id
+        self.history, self.log_every_n_steps, self.summary = history, log_every_n_steps, summary
         self.record: dict[str, Any] | None = None
         self.written_to: Path | None = None
+        self.summary_lines: list[str] = []
         self._history: dict[str, list[list[float]]] = {}
         self._cycle = StepCycle()
         self._micro_batch_size: int | None = None
         self._t0: float | None = None
         self._every = 1
         self._done = False
-        self._run_id: str | None = None
 
     # -- collecting ------------------------------------------------------------------------------
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._t0 = time.perf_counter()
-        self._done = False
-        self._run_id = None
-        self._history = {}
-        self._cycle = StepCycle()
+        self._t0, self._done, self._history, self._cycle = time.perf_counter(), False, {}, StepCycle()
         self._every = log_every(trainer, self.log_every_n_steps)
+        self.run_id = self.run_id or os.environ.get("MODELWRIGHT_RUN_ID") or None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.summary and trainer.is_global_zero:
+            for writer in _summary.tensorboards(trainer.loggers):
+                writer.add_custom_scalars(_summary.LAYOUT)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._cycle.begin(trainer.global_step)
-        if self._micro_batch_size is None:
-            self._micro_batch_size = batch_size_of(batch)
+        self._micro_batch_size = self._micro_batch_size or batch_size_of(batch)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -122,23 +120,18 @@ class RunRecord(Callback):
             if key.startswith(prefix) and key in metrics:
                 self._history.setdefault(key, []).append([trainer.global_step, _scalar(metrics[key])])
 
-    # -- writing ---------------------------------------------------------------------------------
+    # -- finishing -------------------------------------------------------------------------------
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         loss = _scalar(trainer.callback_metrics.get("train/loss"))
         if loss is not None and not math.isfinite(loss):
             self._finish(trainer, pl_module, "diverged", f"train/loss is {loss} at step {trainer.global_step}")
-        elif _fault_guard(trainer) is not None and _fault_guard(trainer).diverged:
-            self._finish(trainer, pl_module, "diverged", "stopped by a non-finite training loss")
         else:
             self._finish(trainer, pl_module, "ok", None)
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if trainer.state.fn != "fit":  # a failing validate / test run is not a training run
-            return
-        guard = _fault_guard(trainer)
-        status = "diverged" if guard is not None and guard.diverged else error_status(exception)
-        self._finish(trainer, pl_module, status, one_line_error(exception))
+        if trainer.state.fn == "fit":  # a failing validate / test run is not a training run
+            self._finish(trainer, pl_module, error_status(exception), one_line_error(exception))
 
     def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str, error: str | None) -> None:
         if self._done:
@@ -153,71 +146,49 @@ class RunRecord(Callback):
                 raise
             warnings.warn(f"RunRecord: could not write the record of a {status} run: {err}", stacklevel=2)
 
-    def _paths(self, trainer: pl.Trainer, run_id: str) -> tuple[Path, Path | None]:
-        log_dir = _log_dir(trainer)
-        fill = {"log_dir": log_dir, "run_id": run_id}
-        record_path = Path((self.record_path or "{log_dir}/record.json").format(**fill))
-        jsonl = Path(self.records_jsonl.format(**fill)) if self.records_jsonl else None
-        return record_path, jsonl
-
     def _write(self, trainer: pl.Trainer, record: dict[str, Any]) -> None:
-        record_path, jsonl = self._paths(trainer, record["run_id"])
-        self.written_to = write_record(record_path, record)
-        if jsonl is not None:
-            append_record(jsonl, record)
+        log_dir = None if trainer.fast_dev_run else _log_dir(trainer)
+        if log_dir is not None:
+            fill = {"log_dir": log_dir, "run_id": record["run_id"]}
+            self.written_to = write_record(Path((self.record_path or "{log_dir}/record.json").format(**fill)), record)
+            if self.records_jsonl:
+                append_record(Path(self.records_jsonl.format(**fill)), record)
+        if not self.summary:
+            return
+        tensorboards = _summary.tensorboards(trainer.loggers)
+        tb_dir = _summary.relative(_log_dir(trainer)) if tensorboards else None
+        self.summary_lines = _summary.summary_lines(record, _summary.relative(self.written_to), tb_dir)
+        _summary.write_tensorboard(tensorboards, record, self.summary_lines, trainer.global_step)
+        print("\n" + "\n".join(self.summary_lines), flush=True)  # after the progress bar closed (on_train_end)
 
     # -- assembling ------------------------------------------------------------------------------
 
     def build(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "ok", error: str | None = None
     ) -> dict[str, Any]:
-        """The record of this run as it stands (JSON-ready, not yet validated)."""
-        self._run_id = self._run_id or self.run_id or os.environ.get("MODELWRIGHT_RUN_ID") or None
-        record = new_record(run_id=self._run_id, loop="lightning")
-        self._run_id = record["run_id"]
-        record["status"], record["error"] = status, error
+        """The record of this run as it stands (JSON-ready, validated when written)."""
+        sections: dict[str, dict] = {}
+        for m in measurements(trainer):
+            for name, values in m.record_sections(trainer, pl_module).items():
+                sections[name] = {**sections.get(name, {}), **values}
+        if (sections.get("faults") or {}).get("diverged"):
+            status = "diverged"
         config = _resolved_config(trainer, pl_module)
-        record["config"] = config
-        timer = find_callback(trainer, StepTimeMonitor)
-        memory = find_callback(trainer, MemoryMonitor)
-        flops = find_callback(trainer, FlopsMonitor)
-
-        micro = (timer.micro_batch_size if timer else None) or self._micro_batch_size
-        record["techniques"] = _techniques(trainer, pl_module, config, micro)
-        record["hardware"] = hardware_info(pl_module.device, num_devices=trainer.num_devices)
-        record["versions"] = versions()
-
-        timing = record["timing"]
-        if timer is not None:
-            timing.update(timer.summary(trainer))
+        timing = sections.pop("timing", {})
         if self._t0 is not None:
             timing["wall_time_s"] = time.perf_counter() - self._t0
-        median_s = timing["step_time_median_ms"] / 1e3 if timing.get("step_time_median_ms") else None
-        if flops is not None:
-            record["flops"].update(flops.summary(median_s))
-        if memory is not None:
-            record["memory"].update(memory.summary())
         net = unwrap_net(pl_module)
-        record["memory"]["model_parameters"] = sum(p.numel() for p in net.parameters())
-
+        memory = {**sections.pop("memory", {}), "model_parameters": sum(p.numel() for p in net.parameters())}
         metrics = {k: _scalar(v) for k, v in trainer.callback_metrics.items() if not k.startswith(("perf/", "mem/"))}
-        record["metrics"] = {**dict.fromkeys(METRIC_KEYS), **metrics}
-        record["history"] = {k: list(v) for k, v in self._history.items()}
-        guard = _fault_guard(trainer)
-        if guard is not None:
-            record["faults"] = guard.summary()
-        return to_jsonable(record)
-
-
-def _fault_guard(trainer: pl.Trainer) -> Any:
-    """The callback that watches for non-finite losses (``callbacks.fault_tolerance.NonFiniteLossGuard``).
-
-    Duck-typed (a ``diverged`` flag and a ``summary()``), so that this file does not depend on that one.
-    """
-    return next(
-        (cb for cb in trainer.callbacks if isinstance(getattr(cb, "diverged", None), bool) and hasattr(cb, "summary")),
-        None,
-    )
+        record = build_record(
+            loop="lightning", status=status, error=error, run_id=self.run_id, config=config,
+            techniques=_techniques(trainer, pl_module, config, self._micro_batch_size),
+            hardware=hardware_info(pl_module.device, num_devices=trainer.num_devices), versions=versions(),
+            timing=timing, memory=memory, metrics={**dict.fromkeys(METRIC_KEYS), **metrics},
+            history={k: list(v) for k, v in self._history.items()}, **sections,
+        )
+        self.run_id = record["run_id"]  # the same id for a record rebuilt after an error
+        return record
 
 
 def _log_dir(trainer: pl.Trainer) -> str:
@@ -229,48 +200,33 @@ def _log_dir(trainer: pl.Trainer) -> str:
 
 
 def _scalar(value: Any) -> float | None:
-    if value is None:
-        return None
     if isinstance(value, torch.Tensor):
         return float(value.detach().float().item()) if value.numel() == 1 else None
     try:
-        return float(value)
+        return None if value is None else float(value)
     except (TypeError, ValueError):
         return None
 
 
-def _portable(config: dict[str, Any]) -> dict[str, Any]:
-    """The config without jsonargparse's bookkeeping keys, paths inside the working directory made relative.
-
-    Records are committed and compared across machines: they must not name this machine's folders.
-    """
-    cwd = os.getcwd() + os.sep
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items() if not str(k).startswith("__")}
-        if isinstance(value, list):
-            return [clean(v) for v in value]
-        if isinstance(value, str) and value.startswith(cwd):
-            return value[len(cwd):]
-        return value
-
-    return clean(config)
+def _portable(value: Any, cwd: str) -> Any:
+    """The config without jsonargparse's ``__`` keys, paths inside the working directory made relative:
+    records are committed and compared across machines and must not name this machine's folders."""
+    if isinstance(value, dict):
+        return {k: _portable(v, cwd) for k, v in value.items() if not str(k).startswith("__")}
+    if isinstance(value, list):
+        return [_portable(v, cwd) for v in value]
+    return value[len(cwd):] if isinstance(value, str) and value.startswith(cwd) else value
 
 
 def _resolved_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
     """LightningCLI's resolved config (from its SaveConfigCallback), else the hyperparameters."""
-    try:
-        from lightning.pytorch.cli import SaveConfigCallback
-    except ImportError:  # jsonargparse missing
-        SaveConfigCallback = None  # noqa: N806
-    if SaveConfigCallback is not None:
-        saver = find_callback(trainer, SaveConfigCallback)
-        if saver is not None and getattr(saver, "config", None) is not None:
-            config = to_jsonable(saver.config)
-            if isinstance(config, dict):
-                return _portable(config)
-    config: dict[str, Any] = {"model": to_jsonable(dict(pl_module.hparams))}
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    saver = next((cb for cb in trainer.callbacks if isinstance(cb, SaveConfigCallback)), None)
+    config = to_jsonable(saver.config) if saver is not None and getattr(saver, "config", None) is not None else None
+    if isinstance(config, dict):
+        return _portable(config, os.getcwd() + os.sep)
+    config = {"model": to_jsonable(dict(pl_module.hparams))}
     datamodule = getattr(trainer, "datamodule", None)
     if datamodule is not None and hasattr(datamodule, "hparams"):
         config["data"] = to_jsonable(dict(datamodule.hparams))
@@ -282,25 +238,22 @@ def _techniques(
 ) -> dict[str, Any]:
     hp = dict(pl_module.hparams)
     net = unwrap_net(pl_module)
-    trainer_cfg = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
-    requested = trainer_cfg.get("precision")
+    trainer_cfg = config.get("trainer")
+    requested = trainer_cfg.get("precision") if isinstance(trainer_cfg, dict) else None
     accumulate = trainer.accumulate_grad_batches
     strategy = type(trainer.strategy).__name__
-    optimizers = trainer.optimizers
     channels_last = channels_last_applied(net)
-    compiled = is_compiled(net)
-    checkpointed = sum(1 for m in net.modules() if "forward" in m.__dict__)
     return {
         "model_name": hp.get("model_name"),
         "precision": str(trainer.precision),
         "precision_requested": None if requested is None else str(requested),
         "accumulate_grad_batches": accumulate,
         "gradient_checkpointing": hp.get("gradient_checkpointing"),
-        "checkpointed_segments": checkpointed,
+        "checkpointed_segments": len(checkpointed_modules(net)),
         "optimizer": hp.get("optimizer"),
-        "optimizer_impl": optimizer_impl(optimizers[0]) if optimizers else None,
+        "optimizer_impl": optimizer_impl(trainer.optimizers[0]) if trainer.optimizers else None,
         "channels_last": channels_last if channels_last is not None else hp.get("channels_last"),
-        "compile": compiled,
+        "compile": is_compiled(net),
         "strategy": _STRATEGY_NAMES.get(strategy, strategy.removesuffix("Strategy").lower()),
         "strategy_class": strategy,
         "world_size": trainer.world_size,

@@ -1,30 +1,47 @@
-"""Time per optimizer step, synchronized, warm-up excluded: ``perf/step_time_ms``, ``perf/samples_per_s``.
+"""Step time over a window of optimizer steps, throughput, FLOPs and MFU: ``perf/*``.
 
 YAML (``trainer.callbacks``)::
 
     - class_path: callbacks.step_timer.StepTimeMonitor
-      init_args: {warmup_steps: 2}
+      init_args: {warmup_steps: 2, peak_flops_per_s: null}
 
 A step spans all micro-batches of one optimizer step: from ``on_train_batch_start`` of the first to
-``on_train_batch_end`` of the last (forward, backward, optimizer step and the hooks in between; the
-first micro-batch's data loading is outside). Steps on which another callback does heavy one-off work
-(an anatomy capture, the FLOP count) are left out of the statistics.
+``on_train_batch_end`` of the last (the first micro-batch's data loading is outside). Steps that another
+:class:`~callbacks._glue.Measurement` disturbs (the memory anatomy capture) are left out of the statistics.
+Lightning's ``ThroughputMonitor`` gives running means only; the record needs the median and p90 of a window.
+
+FLOPs are counted once, before the first step is timed: a forward and backward of a meta-device copy of
+``pl_module.net`` on a batch of the same shape (:func:`modelwright.measure.training_flops`): model FLOPs,
+without checkpointing's recomputation. MFU divides by the peak of one device in the run's compute dtype:
+``peak_flops_per_s`` if set, else :func:`modelwright.measure.hardware_peak`, else Lightning's GPU table; the
+record says which, and how.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
+import torch
+from lightning.fabric.utilities.throughput import get_available_flops
 
-from callbacks._glue import batch_size_of, log_every, log_scalars
-from modelwright.measure import CudaEventTimer, StepCycle, StepTimer, device_sync
+from callbacks._glue import Measurement, batch_size_of, first_tensor, log_every, log_scalars, measurements, unwrap_net
+from modelwright.measure import (
+    CudaEventTimer,
+    StepCycle,
+    StepTimer,
+    compute_dtype,
+    device_sync,
+    hardware_peak,
+    mfu,
+    training_flops,
+)
 
 
-class StepTimeMonitor(Callback):
-    """Median and p90 step time, time per epoch and samples per second over a window of optimizer steps.
+class StepTimeMonitor(Measurement):
+    """Median and p90 step time, samples per second, FLOPs per step and MFU over a window of optimizer steps.
 
     Args:
         warmup_steps: first optimizer steps not measured (allocator, cuDNN and compile warm-up).
@@ -32,6 +49,8 @@ class StepTimeMonitor(Callback):
         log_every_n_steps: how often to log ``perf/*``; default the Trainer's ``log_every_n_steps``.
         cuda_timing: on CUDA, ``events`` (no host stall per step) or ``synchronize`` (a synchronize
             before each clock reading).
+        peak_flops_per_s: peak FLOP/s of one device in the run's compute dtype; ``None``: the hardware's.
+        module_attr: attribute of the LightningModule holding the network whose FLOPs are counted.
     """
 
     def __init__(
@@ -40,24 +59,30 @@ class StepTimeMonitor(Callback):
         measure_steps: int | None = None,
         log_every_n_steps: int | None = None,
         cuda_timing: Literal["events", "synchronize"] = "events",
+        peak_flops_per_s: float | None = None,
+        module_attr: str = "net",
     ) -> None:
         super().__init__()
-        if warmup_steps < 0:
-            raise ValueError(f"StepTimeMonitor.warmup_steps: must be >= 0, got {warmup_steps}")
-        if measure_steps is not None and measure_steps < 1:
-            raise ValueError(f"StepTimeMonitor.measure_steps: must be >= 1 or null, got {measure_steps}")
         if cuda_timing not in ("events", "synchronize"):
             raise ValueError(f"StepTimeMonitor.cuda_timing: {cuda_timing!r}; valid: events, synchronize")
-        self.warmup_steps = warmup_steps
-        self.measure_steps = measure_steps
+        if peak_flops_per_s is not None and peak_flops_per_s <= 0:
+            raise ValueError(f"StepTimeMonitor.peak_flops_per_s: must be positive or null, got {peak_flops_per_s}")
+        try:
+            self.timer: StepTimer = StepTimer(warmup_steps, measure_steps)
+        except ValueError as err:
+            raise ValueError(f"StepTimeMonitor: {err}") from None
+        self.warmup_steps, self.measure_steps = warmup_steps, measure_steps
         self.log_every_n_steps = log_every_n_steps
         self.cuda_timing = cuda_timing
-        self.timer: StepTimer = StepTimer(warmup_steps, measure_steps)
+        self.peak_flops_per_s_config = peak_flops_per_s
+        self.module_attr = module_attr
         self.cycle = StepCycle()
         self.micro_batch_size: int | None = None
         self.samples_per_step: int | None = None
-        self._perturbers: list[Any] = []
-        self._flops: Any = None
+        self.flops_per_micro_batch: int | None = None
+        self.flops_per_step: int | None = None
+        self.peak: tuple[float | None, str | None, str | None] = (None, None, None)  # FLOP/s, source, method
+        self.dtype = torch.float32
         self._every = 1
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -67,64 +92,94 @@ class StepTimeMonitor(Callback):
         else:
             self.timer = StepTimer(self.warmup_steps, self.measure_steps, sync=device_sync(device))
         self.cycle = StepCycle()
-        # Duck-typed so that callbacks need not import each other: any callback that does one-off heavy
-        # work on a step says so with perturbs_step(step); one that knows the FLOPs offers mfu(seconds).
-        self._perturbers = [cb for cb in trainer.callbacks if cb is not self and hasattr(cb, "perturbs_step")]
-        self._flops = next((cb for cb in trainer.callbacks if callable(getattr(cb, "mfu", None))), None)
         self._every = log_every(trainer, self.log_every_n_steps)
+        self.dtype = compute_dtype(trainer.precision)
+        # One process per machine may measure the CPU clock (cached); the others would share its cores.
+        first = trainer.world_size == 1 or trainer.local_rank == 0
+        if not first:
+            trainer.strategy.barrier("modelwright-peak-flops")
+        self.peak = self._peak(device)
+        if trainer.world_size > 1 and first:
+            trainer.strategy.barrier("modelwright-peak-flops")
+
+    def _peak(self, device: torch.device) -> tuple[float | None, str | None, str | None]:
+        if self.peak_flops_per_s_config:
+            return float(self.peak_flops_per_s_config), "config", "StepTimeMonitor.peak_flops_per_s"
+        try:
+            peak = hardware_peak(device, self.dtype)
+            if peak.flops_per_s:
+                return peak.flops_per_s, peak.source, peak.method
+            table = get_available_flops(device, self.dtype)
+        except Exception as err:  # MFU is a nicety; it must not stop a run
+            warnings.warn(f"StepTimeMonitor: no peak FLOP/s ({type(err).__name__}: {err})", stacklevel=2)
+            return None, None, None
+        if table:
+            return float(table), "lightning-table", "Lightning's get_available_flops"
+        return None, None, peak.method
+
+    def _count_flops(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
+        x = first_tensor(batch)
+        try:
+            self.flops_per_micro_batch = training_flops(unwrap_net(pl_module, self.module_attr), x)
+        except Exception as err:
+            warnings.warn(f"StepTimeMonitor: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
+            return
+        self.flops_per_step = self.flops_per_micro_batch * trainer.accumulate_grad_batches
+        log_scalars(trainer, {"perf/flops_per_step": self.flops_per_step, "perf/peak_flops_per_s": self.peak[0]})
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.cycle.begin(trainer.global_step):
-            if self.micro_batch_size is None:
-                self.micro_batch_size = batch_size_of(batch)
-                if self.micro_batch_size is not None:
-                    self.samples_per_step = self.micro_batch_size * trainer.accumulate_grad_batches * trainer.world_size
-            self.timer.start()
+        if not self.cycle.begin(trainer.global_step):
+            return
+        if self.micro_batch_size is None:
+            self.micro_batch_size = batch_size_of(batch)
+            if self.micro_batch_size is not None:
+                self.samples_per_step = self.micro_batch_size * trainer.accumulate_grad_batches * trainer.world_size
+                self._count_flops(trainer, pl_module, batch)  # before the clock starts: no step is disturbed
+        self.timer.start()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if not self.cycle.end(trainer.global_step):
             return
-        step = self.cycle.step
-        exclude = any(cb.perturbs_step(step) for cb in self._perturbers)
+        exclude = any(m.perturbs(self.cycle.step) for m in measurements(trainer))
         measured = self.timer.in_window() and not exclude
         self.timer.stop(exclude=exclude)
         if measured and trainer.global_step % self._every == 0:
             dt = self.timer.last_s()  # a CUDA event timer waits for this step here, not on every step
-            log_scalars(trainer, self._step_scalars(dt))
+            log_scalars(trainer, self._scalars(dt, ""))
 
-    def _step_scalars(self, dt: float) -> dict[str, float | None]:
-        scalars: dict[str, float | None] = {"perf/step_time_ms": dt * 1e3}
-        if self.samples_per_step:
-            scalars["perf/samples_per_s"] = self.samples_per_step / dt
-        if self._flops is not None:
-            scalars["perf/mfu"] = self._flops.mfu(dt)
-        return scalars
+    def _scalars(self, dt: float | None, suffix: str) -> dict[str, float | None]:
+        return {
+            f"perf/step_time{suffix}_ms": dt * 1e3 if dt else None,
+            f"perf/samples_per_s{suffix}": self.samples_per_step / dt if dt and self.samples_per_step else None,
+            f"perf/mfu{suffix}": mfu(self.flops_per_step, dt, self.peak[0]),
+        }
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.timer.cancel()  # a fit that stopped mid-cycle
-        med, p90 = self.timer.median_s(), self.timer.p90_s()
+        med = self.timer.median_s()
         if med is not None:
-            log_scalars(
-                trainer,
-                {
-                    "perf/step_time_median_ms": med * 1e3,
-                    "perf/step_time_p90_ms": p90 * 1e3,
-                    "perf/samples_per_s_median": self.timer.samples_per_s(self.samples_per_step),
-                    "perf/mfu_median": self._flops.mfu(med) if self._flops is not None else None,
-                },
-            )
+            p90 = self.timer.p90_s()
+            log_scalars(trainer, {**self._scalars(med, "_median"), "perf/step_time_p90_ms": p90 * 1e3})
 
-    def steps_per_epoch(self, trainer: pl.Trainer) -> int | None:
-        """Optimizer steps in one training epoch (a short last cycle still steps)."""
+    def record_sections(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, dict]:
         batches = trainer.num_training_batches
-        if batches is None or not math.isfinite(batches):
-            return None
-        return math.ceil(batches / trainer.accumulate_grad_batches)
-
-    def summary(self, trainer: pl.Trainer) -> dict[str, Any]:
-        """The record's ``timing`` section (without ``wall_time_s``)."""
-        return self.timer.summary(self.steps_per_epoch(trainer), self.samples_per_step)
+        per_epoch = math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches or math.inf) else None
+        med = self.timer.median_s()
+        flops, source, method = self.peak
+        return {
+            "timing": self.timer.summary(per_epoch, self.samples_per_step),
+            "flops": {
+                "flops_per_step": self.flops_per_step,
+                "flops_per_micro_batch": self.flops_per_micro_batch,
+                "achieved_flops_per_s": self.flops_per_step / med if self.flops_per_step and med else None,
+                "peak_flops_per_s": flops,
+                "peak_flops_source": source,
+                "peak_flops_method": method,
+                "peak_flops_dtype": str(self.dtype).removeprefix("torch."),
+                "mfu": mfu(self.flops_per_step, med, flops),
+            },
+        }

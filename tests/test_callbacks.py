@@ -3,12 +3,14 @@ failures recorded, the base config's callbacks through the CLI, and DDP with 2 C
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -17,16 +19,18 @@ import torch
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from callbacks.flops_monitor import FlopsMonitor
+from callbacks._glue import quiet_lightning
 from callbacks.memory_monitor import MemoryMonitor
+from callbacks.model_summary import FlopsModelSummary
 from callbacks.run_record import RunRecord
 from callbacks.step_timer import StepTimeMonitor
+from modelwright.measure import MIB, error_status, hardware_peak, training_flops
+from modelwright.record import read_record, read_records, validate_record
+from modelwright.report.fmt import pct, sig
 from modelwright.train.cli import cli_main
 from modelwright.train.data import ImageDataModule
-from modelwright.measure import MIB, error_status, training_flops
 from modelwright.train.models import build_model
 from modelwright.train.module import ImageClassifier
-from modelwright.record import read_record, read_records, validate_record
 
 REPO = Path(__file__).resolve().parents[1]
 PEAK = 1.0e11  # a configured peak, so that no test measures one
@@ -51,9 +55,8 @@ def measured_trainer(tmp_path: Path, warmup: int = 2, **trainer_kwargs) -> pl.Tr
         enable_model_summary=False,
         num_sanity_val_steps=0,
         callbacks=[
-            StepTimeMonitor(warmup_steps=warmup),
+            StepTimeMonitor(warmup_steps=warmup, peak_flops_per_s=PEAK),
             MemoryMonitor(warmup_steps=warmup),
-            FlopsMonitor(peak_flops_per_s=PEAK),
             RunRecord(),
         ],
     )
@@ -83,9 +86,7 @@ def test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record(tmp_path)
         "perf/mfu",
         "perf/step_time_median_ms",
         "mem/peak_allocated_mib",
-        "mem/parameters_mib",
-        "mem/activations_mib",
-        "mem/optimizer_state_mib",
+        "mem/anatomy_total_mib",
         "mem/process_rss_peak_mib",
     ):
         assert tag in tb, f"{tag} missing from {sorted(tb)}"
@@ -125,7 +126,8 @@ def test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record(tmp_path)
     assert mem["peak_allocated_mib"] == mem["anatomy_mib"]["total"]  # CPU: the tracker's peak
     assert mem["peak_reserved_mib"] is None
     assert mem["rss_peak_mib"] > mem["peak_allocated_mib"]
-    assert tb["mem/activations_mib"] == [(3, pytest.approx(mem["anatomy_mib"]["activations"], rel=1e-5))]
+    assert tb["mem/anatomy_total_mib"] == [(3, pytest.approx(mem["anatomy_mib"]["total"], rel=1e-5))]
+    assert not any(tag.startswith("mem/activations") for tag in tb), "categories go to one figure, not single dots"
 
     assert record["metrics"]["val/acc"] is not None and record["metrics"]["train/loss"] is not None
     assert [s for s, _ in record["history"]["train/loss"]] == [1, 2, 3, 4, 5, 6]
@@ -147,9 +149,9 @@ def test_accumulation_cycles_and_flops_per_step(tmp_path):
     assert tech["effective_batch_size"] == 8
     micro = training_flops(build_model("smallcnn"), torch.zeros(4, 3, 32, 32))
     assert record["flops"]["flops_per_step"] == 2 * micro
-    # The capture spans both micro-batches: the gradients of the whole cycle are there at its end.
+    # The capture spans both micro-batches: the second one's peak, the higher, holds the first one's gradients.
     param_bytes = sum(p.numel() * p.element_size() for p in model.net.parameters())
-    assert record["memory"]["anatomy_end_mib"]["gradients"] == pytest.approx(param_bytes / MIB)
+    assert record["memory"]["anatomy_mib"]["gradients"] == pytest.approx(param_bytes / MIB)
 
 
 class _Failing(ImageClassifier):
@@ -253,11 +255,12 @@ def test_base_config_callbacks_through_the_cli(tmp_path, monkeypatch):
     assert record["techniques"]["precision_requested"] == "16-mixed"  # what was asked for
     assert record["config"]["trainer"]["precision"] == "16-mixed"
     assert record["config"]["model"]["model_name"] == "smallcnn"
-    assert record["flops"]["peak_flops_source"] == "measured-matmul"
-    cache = json.loads((tmp_path / "cache" / "peak_flops.json").read_text())
-    assert any("|bfloat16|" in key for key in cache)  # the peak of the run's compute dtype
+    peak = hardware_peak("cpu", torch.bfloat16)  # the peak of the run's compute dtype
+    assert record["flops"]["peak_flops_dtype"] == "bfloat16"
+    assert record["flops"]["peak_flops_per_s"] == peak.flops_per_s
+    assert (record["flops"]["peak_flops_source"], record["flops"]["peak_flops_method"]) == (peak.source, peak.method)
     assert record["timing"]["measured_steps"] == 1  # 4 steps: 2 warm-up, 1 captured, 1 timed
-    assert "perf/step_time_ms" in scalars(path.parent) and "mem/activations_mib" in scalars(path.parent)
+    assert "perf/step_time_ms" in scalars(path.parent) and "mem/anatomy_total_mib" in scalars(path.parent)
 
 
 DDP_CONFIG = """\
@@ -277,7 +280,6 @@ trainer:
   callbacks:
     - class_path: callbacks.step_timer.StepTimeMonitor
     - class_path: callbacks.memory_monitor.MemoryMonitor
-    - class_path: callbacks.flops_monitor.FlopsMonitor
     - class_path: callbacks.run_record.RunRecord
       init_args: {{records_jsonl: "{root}/records.jsonl"}}
 model:
@@ -315,8 +317,8 @@ def test_ddp_two_cpu_processes_rank_zero_alone_writes_the_record(tmp_path):
     assert tech["micro_batch_size"] == 4 and tech["effective_batch_size"] == 8
     assert record["timing"]["measured_steps"] == 2  # 5 steps: 2 warm-up, 1 captured
     assert record["memory"]["anatomy_mib"]["activations"] > 0
-    # The peak was measured once (by local rank 0), on one process's share of the cores.
-    assert record["flops"]["peak_flops_source"] == "measured-matmul"
+    # The peak was found once (by local rank 0), for one process's share of the cores.
+    assert record["flops"]["peak_flops_source"] == hardware_peak("cpu", torch.float32).source
     assert "perf/step_time_ms" in scalars(path.parent)
 
 
@@ -335,3 +337,102 @@ def test_progress_bar_redraws_at_most_every_interval_and_at_the_end():
     assert all(unthrottled._should_update(b, 8) for b in range(1, 9))
     with pytest.raises(ValueError, match="min_interval_s"):
         ThrottledProgressBar(min_interval_s=-1)
+
+
+def _tensorboard(log_dir: Path) -> EventAccumulator:
+    acc = EventAccumulator(str(log_dir), size_guidance={"tensors": 0, "images": 0})
+    acc.Reload()
+    return acc
+
+
+def test_a_run_reports_itself_on_the_terminal_and_in_tensorboard(tmp_path, capsys, caplog):
+    from tensorboard.plugins.custom_scalar import layout_pb2
+    from tensorboard.util import tensor_util
+
+    trainer = measured_trainer(tmp_path)
+    trainer.callbacks.insert(0, FlopsModelSummary())
+    with caplog.at_level("INFO", logger="lightning.pytorch.callbacks.model_summary"):
+        trainer.fit(small_model(), small_data())
+    log_dir = Path(trainer.logger.log_dir)
+    record = read_record(log_dir / "record.json")
+
+    # Lightning's layer table, with the FLOPs the step timer counts (it printed "0 Total Flops").
+    from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
+
+    flops = get_human_readable_count(record["flops"]["flops_per_micro_batch"])
+    assert f"{flops}     Training FLOPs per micro-batch (forward + backward)" in caplog.text
+    assert re.search(r"\| net +\| SmallCNN +\| 576 K +\| train \| " + re.escape(flops), caplog.text)
+
+    # The end-of-run summary: after the run, with the record's figures and where things went.
+    out = capsys.readouterr().out
+    summary = out[out.index("Run " + record["run_id"]):]
+    timing, mem, fl = record["timing"], record["memory"], record["flops"]
+    assert "technique   32-true, micro-batch 8 x accumulate 1, checkpointing off, single_device x 1" in summary
+    assert f"median {sig(timing['step_time_median_ms'])} ms, p90 {sig(timing['step_time_p90_ms'])}" in summary
+    assert f"throughput  {sig(timing['samples_per_s'])} samples/s" in summary
+    top = sorted((v, k) for k, v in mem["anatomy_mib"].items() if k != "total" and v)[::-1][:3]
+    assert f"peak {sig(mem['peak_allocated_mib'])} MiB (mem-tracker): " + ", ".join(f"{k} {sig(v)}" for v, k in top) \
+        in summary
+    assert f"MFU         {pct(fl['mfu'])} of 0.100 TFLOP/s (config: " in summary
+    assert f"record      {log_dir / 'record.json'}" in summary
+    assert f"tensorboard uv run tensorboard --logdir {log_dir}" in summary
+
+    # TensorBoard: perf/ and mem/ grouped in a custom-scalars layout, the anatomy as a figure and a table.
+    acc = _tensorboard(log_dir)
+    (event,) = acc.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(tensor_util.make_ndarray(event.tensor_proto).item())
+    charts = {c.title: list(c.multiline.tag) for cat in layout.category for c in cat.chart}
+    assert {cat.title for cat in layout.category} >= {"perf", "mem"}
+    assert charts["step time (ms)"][0] == "perf/step_time_ms" and charts["MFU"] == ["perf/mfu"]
+    assert "mem/process_rss_peak_mib" in charts["peak (MiB)"]
+    assert [e.step for e in acc.Images("mem/anatomy")] == [6]
+    (table,) = acc.Tensors("mem/anatomy/text_summary")
+    text = tensor_util.make_ndarray(table.tensor_proto).item().decode()
+    assert f"| activations | {mem['anatomy_mib']['activations']:.1f} |" in text
+
+
+def test_records_get_normal_permissions(tmp_path):
+    trainer = measured_trainer(tmp_path, max_steps=3)
+    trainer.fit(small_model(), small_data())
+    assert os.stat(Path(trainer.logger.log_dir) / "record.json").st_mode & 0o777 == 0o644  # was 0600
+
+
+def test_fast_dev_run_writes_nothing_in_the_working_directory(tmp_path, monkeypatch, capsys):
+    run_dir = tmp_path / "cwd"
+    run_dir.mkdir()
+    monkeypatch.chdir(run_dir)
+    monkeypatch.setenv("MODELWRIGHT_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["fit", "--trainer.fast_dev_run=1", "--trainer.enable_progress_bar=false", "--model.model_name=smallcnn",
+            "--model.scheduler=none", "--data.batch_size=4", "--data.train_size=16", "--data.val_size=4"]
+    assert cli_main(args) == 0
+    assert sorted(p.name for p in run_dir.rglob("*")) == []  # was checkpoints/last.ckpt and record.json
+    assert "record      not written (fast_dev_run)" in capsys.readouterr().out
+
+
+def test_noise_nobody_can_act_on_is_silenced_at_its_source_and_only_there(caplog):
+    from lightning.pytorch.utilities._pytree import _tree_flatten
+
+    log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    saved = log.filters[:]
+    try:
+        log.filters.clear()
+        for quiet in (False, True):
+            if quiet:
+                quiet_lightning()
+            caplog.clear()
+            with caplog.at_level("INFO", logger="lightning.pytorch.utilities.rank_zero"), warnings.catch_warnings(
+                record=True
+            ) as caught:
+                warnings.simplefilter("always")
+                if quiet:
+                    quiet_lightning()  # inside catch_warnings, which restores the filters after
+                pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+                _tree_flatten(1)  # Lightning's use of torch's deprecated LeafSpec
+                warnings.warn("a warning of our own", UserWarning, stacklevel=1)
+            assert ("💡 Tip" in caplog.text) is not quiet
+            assert "GPU available" in caplog.text  # Lightning's other messages stay
+            messages = [str(w.message) for w in caught]
+            assert any("LeafSpec" in m for m in messages) is not quiet
+            assert "a warning of our own" in messages
+    finally:
+        log.filters[:] = saved

@@ -267,7 +267,7 @@ def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, ki
         "trainer.max_epochs": 1, "trainer.max_steps": total, "trainer.limit_train_batches": total * accumulate,
         "trainer.limit_val_batches": val_batches, "trainer.num_sanity_val_steps": 0, "trainer.log_every_n_steps": 1,
         "trainer.enable_checkpointing": False, "trainer.enable_progress_bar": False,
-        "trainer.enable_model_summary": False,
+        "trainer.enable_model_summary": False, "trainer.val_check_interval": 1.0,
     })
     needed = total * accumulate * _positive(get_path(draft, "data.batch_size")) * world_size(draft)
     if not isinstance(get_path(draft, "data.train_size"), int) or get_path(draft, "data.train_size") < needed:

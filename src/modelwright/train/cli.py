@@ -159,7 +159,9 @@ def _drop_disabled_callbacks(trainer_cfg) -> None:
     and progress-bar callbacks, so without this a user could not switch them off with the one flag made for it.
     """
     callbacks = trainer_cfg.get("callbacks") or []
-    for flag, kind in (("enable_checkpointing", "ModelCheckpoint"), ("enable_progress_bar", "ProgressBar")):
+    kinds = {"enable_checkpointing": "ModelCheckpoint", "enable_progress_bar": "ProgressBar",
+             "enable_model_summary": "ModelSummary"}
+    for flag, kind in kinds.items():
         kept = [cb for cb in callbacks if not _class_path(cb).endswith(kind)]
         if trainer_cfg.get(flag) is False and len(kept) != len(callbacks):
             _say(f"trainer.{flag}: false; {len(callbacks) - len(kept)} {kind} callback(s) of the config dropped")
