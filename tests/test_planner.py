@@ -9,20 +9,14 @@ import sys
 import pytest
 
 from modelwright.errors import ConfigError
-from modelwright.planner import (
-    GB,
-    Assumptions,
+from modelwright.planner import Assumptions, markdown_tables, predict_step, spec_from_record
+from modelwright.planner.memory import param_state_bytes, state_bytes_per_rank
+from modelwright.planner.scale import (
     JobSpec,
     cannot_split,
     comm_bytes_per_step,
-    cost_usd,
-    param_state_bytes,
     pipeline_bubble_fraction,
     predict_memory_mib,
-    predict_step,
-    spec_from_record,
-    state_bytes_per_rank,
-    train_time_s,
 )
 
 
@@ -43,7 +37,7 @@ def test_bytes_per_parameter_table():
 def test_zero_paper_example(strategy, expected_gb):
     """ZeRO paper, Figure 1: 7.5B parameters, N = 64, mixed-precision Adam (k = 12)."""
     per_rank = state_bytes_per_rank(7.5e9, param_state_bytes("playbook-mixed", "adamw"), strategy, 64)
-    assert sum(per_rank.values()) / GB == pytest.approx(expected_gb, abs=0.05)
+    assert sum(per_rank.values()) / 1e9 == pytest.approx(expected_gb, abs=0.05)
 
 
 def test_communication_volumes_by_hand():
@@ -78,8 +72,19 @@ def test_step_time_overlap_bubble_and_cost():
     pp = predict_step(JobSpec(num_params=10, micro_batch_size=1, step_time_ms=1000, num_layers=8), "pp", 4,
                       Assumptions(pp_microbatches=8))
     assert pp.bubble_share == pytest.approx((3 / 8) / (1 + 3 / 8))
-    assert cost_usd(8, 10.0, 2.5) == pytest.approx(200.0)
-    assert train_time_s(100.0, epochs=2, dataset_size=500) == pytest.approx(10.0)
+
+
+def test_tables_price_the_job_and_give_every_row_its_header_width():
+    # 8 devices × 100 samples per 1 s step: 50,000 samples in 62.5 s = 500 device-seconds at $2.50/h = $0.35
+    spec = JobSpec(num_params=1_000_000, micro_batch_size=100, step_time_ms=1000.0, num_layers=4, min_width=16)
+    text = markdown_tables(spec, (1, 8), Assumptions(usd_per_device_hour=2.5), epochs=1)
+    assert "| DP (DDP) | 8 |" in text and "| 62.5 s (est.) | $0.35 (est.) |" in text
+    assert "$2.50/device-hour given" in text
+    # TP over 8 ranks of a 16-channel layer and PP with 8 stages of 4 blocks are refused, with the table intact
+    assert "| TP | 8 | TP: the narrowest layer has 16 channels" in text and "| PP | 8 | PP: 8 stages" in text
+    for block in text.split("\n\n"):
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        assert all(row.count("|") == rows[0].count("|") for row in rows), block
 
 
 def test_tp_and_pp_only_where_the_model_splits():

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from modelwright.measure import MemoryAnatomy
 from modelwright.measure.profile import profile_step
-from modelwright.planner import largest_batch, predict_peak_mib, recommend
+from modelwright.planner import largest_batch, options, predict_peak_mib, recommend
 from modelwright.train.models import apply_gradient_checkpointing, build_model, checkpoint_segments
 from modelwright.train.module import build_optimizer
 
@@ -128,10 +128,8 @@ STUDY = [_study("baseline", 100), _study("amp", 300), _study("accumulate", 105),
 
 @pytest.mark.parametrize("budget_mib", [50.0, 30.0])
 def test_advisor_recommendation_fits_and_the_next_cheaper_does_not(profile, budget_mib):
-    from modelwright.planner.advise import _ranked
-
     choice = recommend(profile, BASE, 32, budget_mib, STUDY)
-    ranked, _ = _ranked(profile, BASE, 32, budget_mib, STUDY)
+    ranked = options(profile, BASE, 32, STUDY)
     cheaper = ranked[ranked.index(choice) - 1]
     assert ranked.index(choice) > 0
 

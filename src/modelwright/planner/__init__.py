@@ -3,188 +3,124 @@
 To run: ``uv run python -m modelwright plan --record results/<hw>/records.jsonl [--devices [1,8,64]]`` (scaling
 tables) or ``... plan --budget_gib 16 --model resnet18 --batch 512`` (the advisor, from a profiled baseline).
 
-* :mod:`.memory`: bytes per parameter, ZeRO/FSDP sharding, :func:`predict_peak_mib` and :func:`largest_batch`
-  from a profiled step.
-* :mod:`.scale`: communication (NVLink inside a node, InfiniBand across), overlap, TP/PP where the model can be
-  split, pipeline bubble, step time and cost.
-* :mod:`.advise`: which precision × accumulation × checkpointing fits a budget, and the sharding when none does.
-
-Every figure printed says whether it is measured (with its run id) or assumed (with its source).
+:mod:`.memory`: bytes per parameter, sharding, the peak predicted from a profiled step; :mod:`.scale`: communication,
+step time and cost. Every figure printed is labelled measured (with its run id) or assumed (with its source).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from modelwright.errors import ConfigError, require
-from modelwright.planner.advise import advise, recommend
 from modelwright.planner.memory import (
-    GB,
-    GIB,
     MIB,
-    OPTIMIZERS,
-    PARAM_STATE_BYTES,
-    PRECISIONS,
-    STRATEGIES,
-    STRATEGY_LABELS,
-    ParamStateBytes,
+    _cfg,
     largest_batch,
-    normalize_optimizer,
-    normalize_precision,
-    normalize_strategy,
     param_state_bytes,
     predict_peak_mib,
     state_bytes_per_rank,
 )
-from modelwright.planner.scale import (
-    DEFAULT_DEVICE,
-    DEFAULT_PRICES,
-    FABRICS,
-    PRICE_DATE,
-    PRICE_SOURCE,
-    Assumptions,
-    DevicePrice,
-    JobSpec,
-    StepPrediction,
-    cannot_split,
-    comm_bytes_per_step,
-    cost_usd,
-    describe_model,
-    max_params_that_fit,
-    pipeline_bubble_fraction,
-    predict_memory_mib,
-    predict_step,
-    ring_allreduce_bytes,
-    train_time_s,
-)
-from modelwright.record import get_path
-from modelwright.report.fmt import count, duration, sig, table, usd
+from modelwright.planner.scale import DEFAULT_PRICES, Assumptions, markdown_tables, predict_step, spec_from_record
+from modelwright.record import get_path, read_records
+from modelwright.report.fmt import sig, table
 
-format_duration = duration  # the name callers used before report.fmt
-RESNET18_CIFAR_PARAMS = 11_173_962
-
-__all__ = [
-    "GB", "GIB", "MIB", "OPTIMIZERS", "PARAM_STATE_BYTES", "PRECISIONS", "STRATEGIES", "STRATEGY_LABELS",
-    "DEFAULT_DEVICE", "DEFAULT_PRICES", "FABRICS", "PRICE_DATE", "PRICE_SOURCE", "Assumptions", "DevicePrice",
-    "JobSpec", "ParamStateBytes", "StepPrediction", "advise", "cannot_split", "comm_bytes_per_step", "cost_usd",
-    "largest_batch", "load_record", "markdown_tables", "max_params_that_fit", "measured_memory_mib",
-    "normalize_optimizer", "normalize_precision", "normalize_strategy", "param_state_bytes",
-    "pipeline_bubble_fraction", "plan", "predict_memory_mib", "predict_peak_mib", "predict_step", "recommend",
-    "ring_allreduce_bytes", "spec_from_record", "state_bytes_per_rank", "train_time_s",
-]
+__all__ = ["Assumptions", "advise", "largest_batch", "markdown_tables", "options", "plan", "predict_peak_mib",
+           "predict_step", "recommend", "spec_from_record"]
+#: The study run whose step time, over the baseline's, is each technique's slowdown.
+TECHNIQUE_RUNS = {"bf16-mixed": "amp", "stage": "checkpointing-stage", "block": "checkpointing-block",
+                  "accumulate": "accumulate"}
 
 
-def _need(record: Mapping, path: str):
-    value = get_path(record, path)
-    if value is None:
-        raise KeyError(f"record is missing {path!r}")
-    return value
+class Option(NamedTuple):
+    precision: str
+    accumulate: int
+    checkpointing: str
+    peak_mib: float
+    step_ms: float | None
 
 
-def spec_from_record(record: Mapping) -> JobSpec:
-    """A :class:`JobSpec` from a single-device run record: parameters, precision, optimizer, batch, activations
-    per sample (``memory.anatomy_mib``), and the optimizer step's time (``timing.step_time_median_ms``).
-
-    Raises:
-        KeyError: naming the dotted path of a required key that is missing.
-    """
-    micro = int(_need(record, "techniques.micro_batch_size"))
-    optimizer = str(_need(record, "techniques.optimizer"))
-    if optimizer == "sgd" and get_path(record, "config.model.momentum") in (0, 0.0):
-        optimizer = "sgd-nomomentum"
-    anatomy = _need(record, "memory.anatomy_mib")
-    return JobSpec(
-        num_params=int(_need(record, "memory.model_parameters")),
-        precision=str(_need(record, "techniques.precision")), optimizer=optimizer, micro_batch_size=micro,
-        accumulate_grad_batches=int(get_path(record, "techniques.accumulate_grad_batches", 1) or 1),
-        activation_bytes_per_sample=float(_need(record, "memory.anatomy_mib.activations")) * MIB / micro,
-        temporaries_bytes=float(anatomy.get("temporaries") or 0.0) * MIB,
-        step_time_ms=float(_need(record, "timing.step_time_median_ms")),
-        step_time_source=f"measured, run {record.get('run_id', '?')} on "
-        f"{get_path(record, 'hardware.device_name', '?')}",
-        model_name=str(get_path(record, "techniques.model_name", "") or ""), source=str(record.get("run_id") or ""),
-        **describe_model(record.get("profile")),
-    )
+def slowdowns(records: Sequence[Mapping]) -> tuple[dict[str, tuple[float, str]], float | None]:
+    """Each technique's measured step time over the baseline's, with its run id (``{"block": (1.31, id)}``), and
+    the baseline's step time in ms (None without one)."""
+    ms = {get_path(r, "study.name"): (get_path(r, "timing.step_time_median_ms"), r.get("run_id")) for r in records
+          if r.get("status") == "ok" and get_path(r, "timing.step_time_median_ms")}
+    base = ms.get("baseline", (None,))[0]
+    return {t: (ms[run][0] / base, ms[run][1]) for t, run in TECHNIQUE_RUNS.items() if base and run in ms}, base
 
 
-def measured_memory_mib(record: Mapping) -> dict[str, float]:
-    """The record's measured anatomy in MiB, with ``total``."""
-    anatomy = _need(record, "memory.anatomy_mib")
-    out = {k: float(v) for k, v in anatomy.items() if v is not None}
-    out.setdefault("total", sum(out.values()))
-    return out
+def options(profile_record: Mapping, config: Mapping, batch: int, records: Sequence[Mapping] = ()) -> list[Option]:
+    """Every precision × accumulation × checkpointing at ``batch`` samples per step, with its predicted peak and step
+    time: fastest first, and without times, fewest techniques first (each costs time or precision)."""
+    prof = profile_record.get("profile", profile_record)
+    slow, base_ms = slowdowns(records)
+    out = []
+    accumulations = [a for a in (1, 2, 4, 8, 16, 32) if batch % a == 0]
+    for precision, acc, ckpt in itertools.product(("32-true", "bf16-mixed"), accumulations, ("off", *prof["segments"])):
+        cfg = {**config, "trainer.precision": precision, "trainer.accumulate_grad_batches": acc,
+               "data.batch_size": batch // acc, "model.gradient_checkpointing": ckpt}
+        used = [t for t in (precision, "accumulate" if acc > 1 else None, ckpt) if t not in (None, "32-true", "off")]
+        known = base_ms and all(t in slow for t in used)
+        step = math.prod([base_ms * batch / prof["batch_size"], *(slow[t][0] for t in used)]) if known else None
+        out.append(Option(precision, acc, ckpt, predict_peak_mib(profile_record, cfg)["total"], step))
+    return sorted(out, key=lambda o: (o.step_ms is None, o.step_ms or 0, o.accumulate, o.checkpointing != "off",
+                                      o.checkpointing == "block", o.precision != "32-true"))
 
 
-def load_record(path: str | Path, run_id: str | None = None, model: str | None = None) -> tuple[dict, list[dict]]:
-    """``(record, all records)`` from a JSON-lines file: ``run_id``'s, else the single-device baseline (profiled
-    first) of ``model``.
+def shardings(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float) -> list[tuple[str, int, float]]:
+    """The fewest ranks at which ZeRO-1, ZeRO-2 and FSDP2 fit ``budget_mib`` (per-rank batch = batch / N)."""
+    psi = profile_record.get("profile", profile_record)["parameters"]
+    state = param_state_bytes(str(_cfg(config, "trainer.precision", "32-true")),
+                              str(_cfg(config, "model.optimizer", "adamw")))
+    full, found = state_bytes_per_rank(psi, state, "dp", 1), []
+    for name in ("zero1", "zero2", "fsdp"):
+        for n in (2, 4, 8, 16, 32, 64, 128, 256, 512):
+            if batch % n:
+                break
+            cfg = {**config, "data.batch_size": batch // n}
+            if name == "fsdp":
+                fsdp = {**cfg, "trainer.strategy": "fsdp", "trainer.devices": n}
+                peak = predict_peak_mib(profile_record, fsdp)["total"]
+            else:  # ZeRO-1/2: one device's peak less the state they shard away
+                sharded = state_bytes_per_rank(psi, state, name, n)
+                peak = predict_peak_mib(profile_record, cfg)["total"] - sum(full[k] - sharded[k] for k in full) / MIB
+            if peak <= budget_mib:
+                found.append((name, n, peak))
+                break
+    return found
 
-    Raises:
-        ConfigError: no such file, or no record matches (the message names the file and the filter).
-    """
-    from modelwright.record import read_records
 
-    require(Path(path).is_file(), f"--record: no such file {str(path)!r}")
-    records = read_records(Path(path))
-    ok = [r for r in records if r.get("status") == "ok" and (model is None or
-                                                            get_path(r, "techniques.model_name") == model)]
-    if run_id is not None:
-        matches = [r for r in records if str(r.get("run_id")) == run_id]
+def recommend(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float,
+              records: Sequence[Mapping] = ()) -> Option | None:
+    """The advisor's choice: the first option that fits (fastest predicted, else fewest techniques), or None."""
+    return next((o for o in options(profile_record, config, batch, records) if o.peak_mib <= budget_mib), None)
+
+
+def advise(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float,
+           records: Sequence[Mapping] = (), budget_label: str = "") -> str:
+    """Markdown: every option with its predicted peak and step time, and the recommendation (or the sharding)."""
+    opts, (slow, _) = options(profile_record, config, batch, records), slowdowns(records)
+    fit = [o for o in opts if o.peak_mib <= budget_mib]
+    times = ("predicted from measured slowdowns: " + ", ".join(f"{t} {sig(f, 2)}× ({rid})" for t, (f, rid) in
+                                                              slow.items())) if slow else "unknown (no study records)"
+    lines = [f"Budget {sig(budget_mib / 1024)} GiB{budget_label}; batch {batch}; peaks predicted from the profile of "
+             f"run {profile_record.get('run_id', 'the profile')}; step times {times}", "",
+             table(["precision", "accumulation", "checkpointing", "predicted peak (MiB)", "predicted step", "fits"],
+                   [[o.precision, o.accumulate, o.checkpointing, sig(o.peak_mib),
+                     sig(o.step_ms, 3, " ms") if o.step_ms else "unknown", "yes" if o.peak_mib <= budget_mib else "no"]
+                    for o in opts]), ""]
+    if fit:
+        lines.append(f"Recommended: {fit[0].precision}, {fit[0].accumulate} × {fit[0].checkpointing} — predicted "
+                     f"peak {sig(fit[0].peak_mib)} MiB.")
     else:
-        matches = [r for r in ok if int(get_path(r, "techniques.world_size", 1) or 1) == 1]
-        matches.sort(key=lambda r: ("profile" not in r, get_path(r, "study.name") != "baseline"))
-    if not matches:
-        raise ConfigError(f"--record: no {'record ' + run_id if run_id else 'ok single-device record'}"
-                          f"{' of ' + model if model else ''} in {str(path)!r}")
-    return matches[0], ok
-
-
-def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64), assumptions: Assumptions | None = None,
-                    epochs: float = 100, dataset_size: int = 50_000, strategies: Sequence[str] = STRATEGIES,
-                    priced: bool = True) -> str:
-    """The scaling tables: per-rank memory, communication, step time and cost, largest model that fits.
-
-    Cells that are estimates say so; a strategy that cannot split this model says why instead of a number.
-    ``priced=False`` leaves cost out (a CPU step time must not be priced at GPU rates).
-    """
-    a = assumptions or Assumptions()
-    preds = [(s, n, predict_step(spec, s, n, a)) for s in strategies for n in devices]
-    st = spec.state
-    head = [
-        f"- model: {spec.model_name or 'unnamed'}, {spec.num_params:,} parameters; {spec.precision} + {spec.optimizer}"
-        f": {st.weights:g} + {st.gradients:g} + {st.optimizer:g} = {st.total:g} B/parameter ({st.regime})",
-        f"- measured: per-rank batch {spec.micro_batch_size} × {spec.accumulate_grad_batches}; activations "
-        f"{sig(spec.activation_bytes_per_sample / MIB)} MiB/sample; step {sig(spec.step_time_ms)} ms "
-        f"({spec.step_time_source or 'assumed'})",
-        *(f"- assumed: {s}" for s in a.sources),
-        "- estimates: every time, throughput and cost below is an estimate from the figures above",
-    ]
-    est = " (est.)"
-    rows_mem = [[STRATEGY_LABELS[s], n, *([p.unsplittable] + ["–"] * 5 if p.unsplittable else
-                [sig(p.memory_mib[k]) for k in ("parameters", "gradients", "optimizer_state", "activations", "total")]),
-                 "–" if p.unsplittable else ("yes" if p.fits else "no")] for s, n, p in preds]
-    rows_time = []
-    for s, n, p in preds:
-        if p.unsplittable:
-            rows_time.append([STRATEGY_LABELS[s], n, p.unsplittable, *["–"] * 6])
-            continue
-        hours = train_time_s(p.samples_per_s, epochs, dataset_size) / 3600
-        rows_time.append([STRATEGY_LABELS[s], n, sig(p.comm_bytes / MIB), duration(p.comm_s) + est,
-                          f"{sig(100 * p.bubble_share, 2)}%" if s == "pp" else "–", duration(p.step_s) + est,
-                          sig(p.samples_per_s) + est, duration(hours * 3600) + est,
-                          usd(cost_usd(n, hours, a.price)) + est if priced else "not priced"])
-    return "\n".join([
-        *head, "", "### Per-device memory (MiB)", "",
-        table(["strategy", "N", "parameters", "gradients", "optimizer", "activations", "total", "fits"], rows_mem),
-        "", f"### Communication, time and cost ({epochs:g} epochs of {dataset_size:,} samples)", "",
-        table(["strategy", "N", "comm/step (MiB)", "comm time", "bubble (share of step)", "step time", "samples/s",
-               "train time", "cost"], rows_time),
-        "", f"### Largest parameter count that fits {a.device_memory_gib:g} GiB per device", "",
-        table(["strategy", *(f"N = {n}" for n in devices)],
-              [[STRATEGY_LABELS[s], *(count(max_params_that_fit(spec, s, n, a)) for n in devices)]
-               for s in strategies if s not in ("tp", "pp")]), "",
-    ])
+        lines.append("Nothing fits one device. " + ("; ".join(
+            f"{name} over {n} ranks fits ({sig(p)} MiB per rank)" for name, n, p in
+            shardings(profile_record, config, batch, budget_mib)) or "No sharding up to 512."))
+    return "\n".join(lines)
 
 
 def plan(
@@ -194,7 +130,7 @@ def plan(
     batch: int | None = None,
     budget_gib: float | None = None,
     devices: list[int] = [1, 8, 64],  # noqa: B006 (jsonargparse reads the default)
-    device: str = DEFAULT_DEVICE,
+    device: str = "H100 SXM",
     overlap: float = 1.0,
     price_per_hour: float | None = None,
     gpu_step_time_ms: float | None = None,
@@ -206,7 +142,7 @@ def plan(
 
     Args:
         record: records.jsonl to read (default: the first results/*/records.jsonl).
-        run_id: the record to plan from (default: the profiled single-device baseline).
+        run_id: the record to plan from (default: the single-device baseline, a profiled one first).
         model: the model whose baseline to use (resnet18, smallcnn, vit).
         batch: samples per optimizer step for the advisor (default: the record's).
         budget_gib: memory per device in GiB; with it the advisor runs (on CPU: tensor bytes, not RSS).
@@ -226,23 +162,29 @@ def plan(
         found = sorted(Path("results").glob("*/records.jsonl"))
         require(bool(found), "--record: no results/*/records.jsonl to read; run `python -m modelwright study`")
         record = found[0]
-    rec, records = load_record(record, run_id, model)
+    require(Path(record).is_file(), f"--record: no such file {str(record)!r}")
+    records = read_records(Path(record))
+    ok = [r for r in records if r.get("status") == "ok" and model in (None, get_path(r, "techniques.model_name"))]
+    if run_id is not None:
+        matches = [r for r in records if str(r.get("run_id")) == run_id]
+    else:
+        matches = [r for r in ok if int(get_path(r, "techniques.world_size", 1) or 1) == 1]
+        matches.sort(key=lambda r: ("profile" not in r, get_path(r, "study.name") != "baseline"))
+    require(bool(matches), f"--record: no {'record ' + run_id if run_id else 'ok single-device record'}"
+            f"{' of ' + model if model else ''} in {str(record)!r}")
+    rec, cpu = matches[0], get_path(matches[0], "hardware.accelerator") == "cpu"
     if budget_gib is not None:
         require("profile" in rec, f"--record: run {rec.get('run_id')} has no profile; profile a baseline step first")
         require(budget_gib > 0, f"--budget_gib: must be > 0, got {budget_gib}")
-        cpu = get_path(rec, "hardware.accelerator") == "cpu"
         print(advise(rec, rec.get("config", {}), batch or int(rec["profile"]["batch_size"]), budget_gib * 1024,
-                     records, " of tensor memory (CPU: tensor bytes, not process RSS)" if cpu else ""))
+                     ok, " of tensor memory (CPU: tensor bytes, not process RSS)" if cpu else ""))
         return
     try:
         spec = spec_from_record(rec)
     except KeyError as err:
         raise ConfigError(f"--record: {err.args[0]}") from None
-    cpu = get_path(rec, "hardware.accelerator") == "cpu"
     if gpu_step_time_ms is not None:
-        from dataclasses import replace
-
-        spec = replace(spec, step_time_ms=gpu_step_time_ms, step_time_source="assumed: --gpu_step_time_ms")
+        spec = dataclasses.replace(spec, step_time_ms=gpu_step_time_ms, step_time_source="assumed: --gpu_step_time_ms")
     a = Assumptions(device=device, overlap_fraction=overlap, usd_per_device_hour=price_per_hour)
     priced = not cpu or gpu_step_time_ms is not None or price_cpu_step_time
     print(markdown_tables(spec, devices, a, epochs, dataset_size, priced=priced))
