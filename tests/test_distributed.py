@@ -243,14 +243,19 @@ def test_per_rank_state_memory_halves_under_fsdp2_and_stays_flat_under_ddp(runs)
     assert single["techniques"]["channels_last"] is True and fsdp2["techniques"]["channels_last"] is False
     # Rank 0's tensors once the captured step is over: what a rank keeps between steps.
     base = single["memory"]["anatomy_end_mib"]
-    assert all(base[key] > 0 for key in STATE_KEYS)
-    for key in STATE_KEYS:
+    kept = [key for key in STATE_KEYS if key != "gradients"]
+    assert all(base[key] > 0 for key in kept)
+    # Gradients are freed right after the optimizer step, on every rank under every strategy.
+    assert all(r["memory"]["anatomy_end_mib"]["gradients"] < 0.01 for r in (single, ddp, fsdp2))
+    for key in kept:
         assert ddp["memory"]["anatomy_end_mib"][key] == pytest.approx(base[key], rel=0.01), key
         assert HALF_MIN <= fsdp2["memory"]["anatomy_end_mib"][key] / base[key] <= HALF_MAX, key
-    # At the step's peak: gradients and optimizer state stay sharded; parameters also count the block(s)
+    # At the step's peak: optimizer state stays sharded; parameters also count the block(s)
     # FSDP2 has all-gathered for their forward or backward, so they exceed the shard.
     peak, ddp_peak, fsdp2_peak = (r["memory"]["anatomy_mib"] for r in (single, ddp, fsdp2))
-    for key in ("gradients", "optimizer_state"):
+    # (Gradients at the peak are a few KiB: with gradients freed after each step, the peak comes before backward
+    # has made more than the first.)
+    for key in ("optimizer_state",):
         assert ddp_peak[key] == pytest.approx(peak[key], rel=0.01), key
         assert HALF_MIN <= fsdp2_peak[key] / peak[key] <= HALF_MAX, key
     assert fsdp2_peak["parameters"] > fsdp2["memory"]["anatomy_end_mib"]["parameters"]

@@ -202,6 +202,7 @@ def test_budget_uses_the_planner_when_the_baseline_has_a_profile(tmp_path, monke
                                         study={"name": "baseline", "kind": "run"})
     calls = []
     monkeypatch.setattr(planner, "largest_batch", lambda rec, cfg, mib: calls.append(mib) or 77, raising=False)
+    monkeypatch.setattr(planner, "predict_peak_mib", lambda rec, cfg: {"total": 150.0}, raising=False)
     budget.budget_phase(study, [main], [entry], runner.Progress(0), budget_mib=200.0)
     assert calls == [200.0]
     assert [(b, x["role"]) for b, _, x in ran] == [(77, "confirm"), (81, "over")]  # no probe: 77 + ceil(3.85)
@@ -386,7 +387,8 @@ def test_tiny_study_records_every_run_and_goes_on_after_a_crash(tiny_study):
 
 def test_tiny_study_confirms_the_budget_batch_and_one_a_few_percent_over(tiny_study):
     _, _, records = tiny_study
-    confirm, over = [r for r in records if r["study"]["kind"] == "budget"]
+    *confirms, over = [r for r in records if r["study"]["kind"] == "budget"]
+    confirm = confirms[-1]  # a planner miss over the budget is corrected once, by the measured miss
     budget_mib = 0.03 * 1024
     assert confirm["study"]["role"] == "confirm" and confirm["study"]["predicted_batch"] > 8
     assert confirm["techniques"]["micro_batch_size"] == confirm["study"]["predicted_batch"]

@@ -41,7 +41,9 @@ def slugify(text: str) -> str:
 
 
 def hardware_slug(accelerator: str = "auto") -> str:
-    """``cpu-<cpu model>-<n>cores`` or ``cuda-<gpu name>`` (``-x<n>`` for several GPUs), lowercase with dashes."""
+    """``cpu-<cpu model>-<vector ISA>-<n>cores`` or ``cuda-<gpu name>`` (``-x<n>`` for several GPUs), lowercase with
+    dashes. The ISA is in a CPU's slug because one model name ("AMD EPYC") covers machines with and without AVX-512,
+    whose results differ (bf16 above all)."""
     import torch
 
     if accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available()):
@@ -51,8 +53,11 @@ def hardware_slug(accelerator: str = "auto") -> str:
     if accelerator not in ("auto", "cpu"):
         return slugify(accelerator)
     from modelwright.measure import cpu_model
+    from modelwright.measure.facts import cpuinfo
 
-    return f"cpu-{slugify(cpu_model()) or 'unknown'}-{os.cpu_count()}cores"
+    flags = set(cpuinfo().get("flags", "").split())
+    isa = next((name for name in ("avx512", "avx2", "neon", "asimd") if name in flags or f"{name}f" in flags), None)
+    return "-".join(filter(None, ["cpu", slugify(cpu_model()) or "unknown", isa, f"{os.cpu_count()}cores"]))
 
 
 def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] | None = None, model: str | None = None,
@@ -62,7 +67,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
           results: Path = Path("results"), slug: str | None = None, workdir: Path = Path("lightning_logs/study"),
           readme: Path | None = Path("README.md"), report: bool = True, allow_mixed: bool = False,
           rerun: bool = False, retry_failed: bool = False, run_timeout_s: PositiveFloat | None = None,
-          dry_run: bool = False) -> int:
+          predict: bool = True, dry_run: bool = False) -> int:
     """Run a plan of experiment configs, each in a fresh process, then write the table, plots and README section.
 
     Args:
@@ -86,6 +91,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
         rerun: run again even what is recorded.
         retry_failed: run again the runs recorded as failed or oom.
         run_timeout_s: stop a run (and record it as failed) after this long.
+        predict: profile one step of the first run (the baseline) and write every run's predicted peak before it.
         dry_run: list the runs and their commands; run nothing.
 
     Returns:
@@ -115,7 +121,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
     budget_gib = budget_gib or the_plan.budget_gib
     do_budget = bool(budget and budget_gib and the_plan.budget_runs)
     results_dir, workdir = results.resolve() / slug, workdir.resolve() / slug
-    runner = Study(the_plan, settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed,
+    runner = Study(the_plan, settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed, profile=predict,
                    run_timeout_s=run_timeout_s, cmd=cmd)
     to_run = sum(runner.recorded(s) is None for s in specs)
     say(

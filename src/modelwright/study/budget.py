@@ -67,19 +67,26 @@ def _measured(study: Study, specs: Sequence[RunSpec], name: str) -> dict | None:
 
 
 def _run_at(study: Study, entry: Entry, index: int, progress: Progress, batch: int, **extra: Any) -> dict:
-    spec = build_spec(entry, index, study.settings, kind="budget", batch_size=batch, extra=extra)
+    # The run a few percent over may share its batch with an attempt that missed the budget: as repeat 1 it is run
+    # for what it is, not skipped as that attempt's record.
+    repeat = int(extra.get("role") == "over")
+    spec = build_spec(entry, index, study.settings, repeat=repeat, kind="budget", batch_size=batch, extra=extra)
     return study.run(spec, progress)
 
 
 def _predict(study: Study, specs: Sequence[RunSpec], entry: Entry, index: int, progress: Progress,
              budget_mib: float) -> dict | str:
     """A prediction (``batch`` and how it was made), or why there is none."""
-    _, largest_batch = planner_functions()
+    predict_peak_mib, largest_batch = planner_functions()
     plain = build_spec(entry, index, study.settings)
     profile = study.baseline(get_path(plain.resolved, "model.model_name")) if largest_batch else None
     if profile is not None:
-        return {"prediction": "planner", "from_run_id": profile.get("run_id"),
-                "batch": int(largest_batch(profile, plain.resolved, budget_mib))}
+        def at(budget: float) -> dict:
+            batch = int(largest_batch(profile, plain.resolved, budget))
+            cfg = {**plain.resolved, "data": {**plain.resolved["data"], "batch_size": batch}}
+            return {"batch": batch, "predicted_peak_mib": predict_peak_mib(profile, cfg)["total"] if batch else None}
+
+        return {"prediction": "planner", "from_run_id": profile.get("run_id"), "at": at, **at(budget_mib)}
     base = _measured(study, specs, entry.name)
     if base is None:
         return "no measured anatomy to predict from"
@@ -110,14 +117,24 @@ def budget_phase(study: Study, specs: Sequence[RunSpec], entries: Sequence[Entry
             continue
         fits = False
         for attempt in range(1, attempts + 1):
-            extra = {k: v for k, v in pred.items() if k != "batch"}
+            extra = {k: v for k, v in pred.items() if k not in ("batch", "at")}
             record = _run_at(study, entry, index, progress, pred["batch"], budget_mib=budget_mib, role="confirm",
                              attempt=attempt, predicted_batch=pred["batch"], **extra)
             peak = record_peak_mib(record)
             fits = record.get("status") == "ok" and peak is not None and peak <= budget_mib
-            if fits or attempt == attempts or peak is None or "from_peak_mib" not in pred:
+            if fits or attempt == attempts or peak is None:
                 break
             b1 = pred["batch"]
+            if "at" in pred:  # the planner missed by a measured amount: predict again for a budget less that much
+                miss = peak - pred["predicted_peak_mib"]
+                pred = {**pred, **pred["at"](budget_mib - miss), "prediction": "planner, corrected by the miss"}
+                pred["batch"] = min(pred["batch"], b1 - 1)
+                if pred["batch"] < 1:
+                    break
+                progress.add_runs(1)
+                continue
+            if "from_peak_mib" not in pred:
+                break
             line = predict_from_two_points(pred["from_batch"], pred["from_peak_mib"], b1, peak, budget_mib)
             pred = {**pred, **line, "prediction": "two-point", "batch": min(line["batch"], b1 - 1)}
             if pred["batch"] < 1:

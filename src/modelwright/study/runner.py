@@ -163,6 +163,45 @@ def planner_functions() -> tuple[Callable | None, Callable | None]:
     return getattr(planner, "predict_peak_mib", None), getattr(planner, "largest_batch", None)
 
 
+def profile_baseline(resolved: Mapping) -> dict:
+    """One profiled fp32 step of the baseline's model, batch and optimizer (``measure.profile``), made in this
+    process before any run it predicts: what every prediction of the study starts from."""
+    import torch
+    import torch.nn.functional as F
+
+    from modelwright.measure.profile import profile_step
+    from modelwright.train.models import build_model, checkpoint_segments
+    from modelwright.train.optim import build_optimizer
+
+    def cfg(key: str, default: Any = None) -> Any:
+        return get_path(resolved, key, default)
+
+    torch.manual_seed(0)
+    net, batch = build_model(cfg("model.model_name"), cfg("model.num_classes", 10)), int(cfg("data.batch_size"))
+    layout = torch.channels_last if cfg("model.channels_last") else torch.contiguous_format
+    net.to(memory_format=layout)
+    opt = build_optimizer(net.parameters(), optimizer=cfg("model.optimizer"), lr=cfg("model.lr"),
+                          momentum=cfg("model.momentum", 0.9), weight_decay=cfg("model.weight_decay"),
+                          optimizer_impl=cfg("model.optimizer_impl", "auto"))
+    x = torch.randn(batch, 3, 32, 32).contiguous(memory_format=layout)
+    y = torch.randint(0, cfg("model.num_classes", 10), (batch,))
+
+    def step() -> None:
+        F.cross_entropy(net(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)  # as the Lightning path and the Accelerate loop do
+
+    step()  # the optimizer's state exists from here on
+    segments = {}
+    for granularity in ("stage", "block"):
+        with contextlib.suppress(ConfigError):
+            segments[granularity] = checkpoint_segments(net, granularity)
+    return {"run_id": f"profile-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}", "created_at": rec.now_iso(),
+            "provenance": rec.provenance(), "techniques": {"model_name": cfg("model.model_name"),
+                                                           "micro_batch_size": batch},
+            "profile": profile_step(net, step, batch, [opt], [x, y], segments)}
+
+
 def say(text: str) -> None:
     """A line on stderr, above the progress bar if there is one."""
     tqdm.write(text, file=sys.stderr)
@@ -196,9 +235,11 @@ class Study:
     """Runs specs in fresh processes, appending each record to ``records.jsonl``; skips recorded ones."""
 
     def __init__(self, plan: p.Plan, settings: p.Settings, results_dir: Path, workdir: Path, *, rerun: bool = False,
-                 retry_failed: bool = False, run_timeout_s: float | None = None, cmd: list[str] | None = None) -> None:
+                 retry_failed: bool = False, run_timeout_s: float | None = None, cmd: list[str] | None = None,
+                 profile: bool = False) -> None:
         self.plan, self.settings, self.workdir = plan, settings, workdir
         self.records_path, self.predictions_path = results_dir / "records.jsonl", results_dir / "predictions.jsonl"
+        self.profile_path = results_dir / "profile.json" if profile else None
         self.rerun, self.retry_failed, self.run_timeout_s = rerun, retry_failed, run_timeout_s
         self.cmd = cmd or ["python", "-m", "modelwright", "study"]
         self.done: dict[tuple[str, str, int], dict] = {}
@@ -214,12 +255,28 @@ class Study:
         return None if self.retry_failed and record and record.get("status") in RETRY_STATUSES else record
 
     def baseline(self, model: Any) -> dict | None:
-        """The latest ok record of the plan's first run (its baseline) on ``model`` that carries a ``profile``."""
+        """The profile of the plan's first run (its baseline) on ``model``: ``profile.json``, made on first use by
+        :func:`profile_baseline` before any run it predicts, or the latest ok baseline record carrying one."""
         name = self.plan.entries[0].name
         found = [r for r in self.done.values() if r.get("status") == "ok" and r.get("profile")
                  and get_path(r, "study.name") == name and get_path(r, "study.kind") == "run"
                  and get_path(r, "techniques.model_name") == model]
-        return max(found, key=lambda r: r.get("created_at") or "", default=None)
+        if found or self.profile_path is None:
+            return max(found, key=lambda r: r.get("created_at") or "", default=None)
+        saved = _read_json(self.profile_path)
+        if saved is None or get_path(saved, "techniques.model_name") != model:
+            first = p.build_spec(self.plan.entries[0], 0, self.settings)
+            if get_path(first.resolved, "model.model_name") != model:
+                return None
+            say(f"profiling one step of {first.name} ({model}) for the predictions")
+            try:
+                saved = profile_baseline(first.resolved)
+            except Exception as err:  # the run itself will fail and say why; the study goes on unpredicted
+                say(f"no predictions: profiling {first.name} failed ({type(err).__name__}: {err})")
+                self.profile_path = None
+                return None
+            rec.write_text_atomic(self.profile_path, json.dumps(rec.to_jsonable(saved)) + "\n")
+        return saved
 
     def predict(self, spec: p.RunSpec) -> dict | None:
         """The planner's peak for ``spec`` from the baseline's profile, appended to ``predictions.jsonl`` before
