@@ -46,12 +46,12 @@ for _p in (REPO / "src", REPO):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from modelwright.train.data import ImageDataModule  # noqa: E402
 from modelwright.measure import hardware_info, resolve_peak_flops, training_flops, versions  # noqa: E402
+from modelwright.study import hardware_slug, resolve_config  # noqa: E402
+from modelwright.train.data import ImageDataModule  # noqa: E402
 from modelwright.train.models import build_model  # noqa: E402
 from modelwright.train.module import build_optimizer  # noqa: E402
 from modelwright.train.runtime import CPU_MALLOC_MODES, set_cpu_malloc  # noqa: E402
-from modelwright.study import hardware_slug, resolve_config  # noqa: E402
 
 GROUPS = ("memory_format", "optimizer_impl", "threads", "num_workers", "compile", "cpu_malloc")
 PROCESS_GROUPS = ("cpu_malloc",)  # a process-wide setting that cannot be undone: one child process per step block

@@ -26,6 +26,25 @@ def pytest_configure(config) -> None:
     os.environ["MODELWRIGHT_CACHE_DIR"] = tempfile.mkdtemp(prefix="modelwright-test-cache-")
 
 
+#: The long end-to-end tests (two processes, whole studies, subprocess benchmarks, bf16 on CPUs without bf16
+#: instructions): ``uv run pytest -m "not slow"`` is the fast tier, and ``.ci/run`` runs it first, then these.
+SLOW = (
+    "test_distributed.py::", "test_predict.py::", "test_tiny_study_", "test_a_rerun_skips_what_is_recorded",
+    "test_a_killed_study_leaves_no_child", "test_smoke_three_loops", "test_cpu_defaults_smoke",
+    "test_callback_overhead_smoke", "test_check_imports_resolves_the_plans", "test_config_trains[all.yaml]",
+    "test_distributed_config_trains_on_two_cpu_processes", "test_ddp_rank_failure_ends_the_job",
+    "test_sigkill_mid_epoch_then_resume", "test_ddp_two_cpu_processes_rank_zero",
+    "test_two_cpu_processes_with_torchrun",
+    "test_resnet18_peak_activations_drop[bf16", "test_ddp_gradient_buckets_are_communication_buffers",
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if any(name in item.nodeid for name in SLOW):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -82,11 +83,20 @@ def test_precision_change_is_said_and_applied(tmp_path, caplog):
 def test_resume_from_last(tmp_path):
     common = fit_args(tmp_path, "--model.model_name", "smallcnn", "--trainer.max_epochs", "1")
     assert cli_main(common) == 0
-    assert cli_main([*common, "--trainer.max_epochs", "2", "--ckpt_path", "last"]) == 0
+    # Another seed: a fresh start would initialise other weights and draw another data order.
+    assert cli_main([*common, "--trainer.max_epochs", "2", "--ckpt_path", "last", "--seed_everything", "7"]) == 0
     first, second = _versions(tmp_path)
     done = torch.load(first / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     resumed = torch.load(second / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     assert done["global_step"] == 4 and resumed["global_step"] == 8, "resumed after epoch 0's 4 steps, ran 4 more"
+    history = json.loads((second / "record.json").read_text())["history"]["train/loss"]
+    assert history[0][0] > 4, "the second run's history starts where the first stopped"
+    uninterrupted = tmp_path / "whole"
+    assert cli_main(fit_args(uninterrupted, "--model.model_name", "smallcnn", "--trainer.max_epochs", "2")) == 0
+    (whole,) = _versions(uninterrupted)
+    whole = torch.load(whole / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    for name, tensor in whole["state_dict"].items():
+        assert torch.equal(tensor, resumed["state_dict"][name]), f"{name}: the resume is not the uninterrupted run"
 
 
 BAD_INPUTS = {

@@ -21,9 +21,9 @@ from conftest import REPO_ROOT, fit_args
 from torch.utils.data import DataLoader, TensorDataset
 
 from callbacks.fault_tolerance import NonFiniteLossError, NonFiniteLossGuard
+from modelwright.study import DONE_STATUSES
 from modelwright.train.cli import cli_main
 from modelwright.train.resume import ResumableDataLoader, ResumableRandomSampler
-from modelwright.study import DONE_STATUSES
 
 SMALL = ["--model.model_name", "smallcnn", "--trainer.max_epochs", "2", "--data.train_size", "64"]  # 8 steps/epoch
 
@@ -150,7 +150,9 @@ def test_sigkill_mid_epoch_then_resume_ends_with_the_uninterrupted_weights(tmp_p
     assert marker.read_text().split() == ["1", "1"], "killed in epoch 1 after its batch 1 (step 10)"
     assert _ckpt(_last(b_dir, 0))["global_step"] == 9, "the newest checkpoint is mid-epoch"
 
-    assert cli_main(_args(b_dir, "--config", str(config), *common, "--ckpt_path", "last")) == 0
+    # Another seed: a run that restarted instead of restoring (weights, optimizer, sampler, RNG) would not match A.
+    resume = ["--ckpt_path", "last", "--seed_everything", "7"]
+    assert cli_main(_args(b_dir, "--config", str(config), *common, *resume)) == 0
 
     a, b = _ckpt(_last(a_dir, 0)), _ckpt(_last(b_dir, 1))
     assert a["global_step"] == b["global_step"] == 16

@@ -95,7 +95,7 @@ def report(results: Path | None = None, readme: Path = Path("README.md"), docs: 
     readme = Path(readme) if Path(readme).is_absolute() or Path(readme).exists() else REPO_ROOT / readme
     documents = [readme]
     if docs:
-        documents += [d for d in sorted((readme.parent / "docs").glob("*.md")) if "<!-- " in d.read_text("utf-8")]
+        documents += [d for d in sorted((readme.parent / "docs").glob("*.md")) if ":start -->" in d.read_text("utf-8")]
     written += update(documents, results, allow_mixed)
     for path in written:
         print(path)

@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from modelwright.errors import require
 from modelwright.record import get_path, read_record, read_records
@@ -103,10 +104,15 @@ class Study:
             shown.append("not recorded for records made before provenance"
                          + (f" (last study invocation: `{study_cmd}`)" if study_cmd else ""))
         repeats = max((r.v["repeats"] for r in self.rows if r.ok), default=0)
+        steps: dict[Any, list[str]] = {}
+        for row in self.rows:
+            steps.setdefault(get_path(row.records[-1], "study.measured_steps"), []).append(row.name)
+        usual = max(steps, key=lambda k: len(steps[k]), default=s.get("measured_steps"))
+        others = "".join(f"; {k} for {', '.join(names)}" for k, names in steps.items() if k != usual)
         return "\n".join([f"- Hardware: {hw.get('accelerator', '?').upper()} {device}; torch {ver.get('torch')}, "
                           f"lightning {ver.get('lightning')}, python {ver.get('python')}",
-                          f"- Window: {s.get('warmup_steps')} warm-up, {s.get('measured_steps')} measured steps per "
-                          f"run, up to {repeats} repeat(s) per row; plan `{s.get('plan')}`",
+                          f"- Window: {s.get('warmup_steps')} warm-up, {usual} measured steps per run{others}, up to "
+                          f"{repeats} repeat(s) per row; plan `{s.get('plan')}`",
                           f"- Command(s): {'; '.join(shown)}; total wall time of the runs: {duration(self.wall_s)}",
                           *(f"- [{m}] {g}" for g, m in self.marks.items())])
 
@@ -128,6 +134,7 @@ class Sections:
             return self.value(*name.split(":")[1:])
         rows = {s.slug: s.rows for s in self.studies}
         render = {"findings": lambda: t.findings_table(rows, FINDINGS), "kernels": lambda: t.kernel_table(rows),
+                  "predictions": lambda: t.prediction_table(rows) or "No run of a study was predicted yet.",
                   "results": self.results, "scaleout": self.scaleout, "attention": self.attention,
                   "mainjob": lambda: self.benchmark("main-job", main_job_text, "main_job.json"),
                   "overhead": lambda: self.benchmark("overhead", overhead_text, "callback_overhead.json",

@@ -279,11 +279,12 @@ def build_budget_rows(records: Sequence[dict], rows: Sequence[Row]) -> list[Budg
 
 
 def budget_table(budget: Sequence[BudgetRow]) -> str:
-    body = [[b.name, f"{b.from_batch}" + (" (probe)" if b.probe else ""), sig(b.per_sample_mib), sig(b.fixed_mib),
+    body = [[b.name, "profiled step" if b.from_batch is None else f"batch {b.from_batch}" + " (probe)" * b.probe,
+             sig(b.per_sample_mib), sig(b.fixed_mib),
              b.batch if b.batch is not None else DASH, sig(b.predicted_mib), sig(b.measured_mib),
              "yes" if b.fits else ("no" if b.measured_mib is not None else b.status), b.attempts,
              ratio(b.vs_reference), _over(b)] for b in budget]
-    header = ["run", "measured at batch", "MiB per sample", "fixed MiB", "largest batch", "predicted peak MiB",
+    header = ["run", "predicted from", "MiB per sample", "fixed MiB", "largest batch", "predicted peak MiB",
               "confirmed peak MiB", "under budget", "confirming runs", "batch vs base", "a few % more exceeds it"]
     return table(header, body, "lrrrrrrcrrl")
 
@@ -293,6 +294,23 @@ def _over(b: BudgetRow) -> str:
         return "not run"
     return f"{'yes' if b.over_mib is not None and b.over_mib > b.budget_mib else 'no'}: batch {b.over_batch}, " \
            f"{sig(b.over_mib)} MiB"
+
+
+def prediction_table(studies: Mapping[str, Sequence[Row]], tolerance: float = 0.05) -> str | None:
+    """Per run, the peak the planner predicted before it ran (from the baseline's profiled step) beside the median
+    measured peak; the runs recorded without a prediction are left out."""
+    body = []
+    for slug, rows in studies.items():
+        for r in rows:
+            pred = next((get_path(x, "prediction.predicted_mib.total") for x in r.records if x.get("prediction")), None)
+            if not r.ok or finite(pred) is None or r.v.get("peak_mib") is None:
+                continue
+            err = pred / r.v["peak_mib"] - 1
+            body.append([r.name, slug, sig(pred), sig(r.v["peak_mib"]), pct(err, signed=True),
+                         "within" if abs(err) <= tolerance else "misses"])
+    header = ["run", "machine", "predicted peak MiB", "measured peak MiB (median)", "error",
+              f"within {pct(tolerance)}"]
+    return table(header, body, "llrrrl") if body else None
 
 
 def findings_table(studies: Mapping[str, Sequence[Row]], names: Sequence[str]) -> str:
