@@ -53,8 +53,9 @@ class NonFiniteLossGuard(Measurement):
 
     Args:
         on_nonfinite: ``stop``: raise :class:`NonFiniteLossError` naming the step; ``skip``: drop the optimizer
-            step (gradients set to ``None`` before it, so neither parameters nor optimizer state change) and
-            count it.
+            step (gradients set to ``None`` before it, so neither parameters nor optimizer state change), put back
+            the buffers its forward passes changed (BatchNorm's running statistics, from a copy taken at the
+            step's first micro-batch), and count it.
         max_skipped_steps: with ``skip``, stop as ``stop`` would once more than this many steps were skipped;
             ``None``: never.
 
@@ -76,10 +77,17 @@ class NonFiniteLossGuard(Measurement):
         self.diverged_at_step: int | None = None
         self.message: str | None = None
         self._pending: list[_MicroBatch] = []
+        self._buffers: list[torch.Tensor] = []  # skip: the module's buffers as the step found them
         self._scale_before: torch.Tensor | None = None
         self._scaler_skipped: torch.Tensor | int = 0
 
     # -- the loss ----------------------------------------------------------------------------------
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.on_nonfinite == "skip" and not self._pending:  # the first micro-batch of a step
+            self._buffers = [b.detach().clone() for b in pl_module.buffers()]
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         if not trainer.training:
@@ -102,6 +110,9 @@ class NonFiniteLossGuard(Measurement):
         if bad is None:
             return
         optimizer.zero_grad(set_to_none=True)  # an optimizer step over no gradients changes nothing
+        with torch.no_grad():
+            for buffer, saved in zip(pl_module.buffers(), self._buffers, strict=True):
+                buffer.copy_(saved)
         self.skipped_steps += 1
         if len(self.skipped_at) < 100:
             self.skipped_at.append(bad.step)

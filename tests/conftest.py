@@ -33,7 +33,7 @@ SLOW = (
     "test_a_killed_study_leaves_no_child", "test_smoke_three_loops", "test_cpu_defaults_smoke",
     "test_callback_overhead_smoke", "test_check_imports_resolves_the_plans", "test_config_trains[all.yaml]",
     "test_distributed_config_trains_on_two_cpu_processes", "test_ddp_rank_failure_ends_the_job",
-    "test_sigkill_mid_epoch_then_resume", "test_ddp_two_cpu_processes_rank_zero",
+    "test_sigkill_at_every_kill_point", "test_ddp_two_cpu_processes_rank_zero",
     "test_two_cpu_processes_with_torchrun",
     "test_resnet18_peak_activations_drop[bf16", "test_ddp_gradient_buckets_are_communication_buffers",
 )

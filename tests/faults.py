@@ -7,6 +7,7 @@ Used from the command line with ``tests/`` on ``PYTHONPATH``::
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import time
@@ -55,6 +56,21 @@ class NanLossAt(Callback):
         pl_module.training_step = training_step
 
 
+class NanInputAt(Callback):
+    """Make the input images of the given steps NaN: the forward pass, BatchNorm's running statistics included, sees
+    them."""
+
+    def __init__(self, steps: list[int]) -> None:
+        super().__init__()
+        self.steps = set(steps)
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step in self.steps:
+            batch[0].fill_(float("nan"))  # the collated batch, not the dataset
+
+
 class SleepAt(Callback):
     """After ``step`` optimizer steps (at ``on_train_batch_end``, before any checkpoint of that step), touch
     ``marker`` and sleep until ``seconds`` pass or SIGTERM arrives, so a signal lands at a known place."""
@@ -88,3 +104,61 @@ class SignalAt(Callback):
     ) -> None:
         if trainer.global_step == self.step:
             os.kill(os.getpid(), self.signum)
+
+
+class KillAt(Callback):
+    """SIGKILL this process in ``hook`` (a Callback hook name) when ``trainer.global_step == step`` (and, for a
+    batch hook, ``batch_idx == batch``), outside the sanity check. Lightning runs checkpoint callbacks last, so a
+    kill in ``on_validation_start`` lands after the checkpoints of the batch before it."""
+
+    def __init__(self, hook: str, step: int, batch: int | None = None) -> None:
+        super().__init__()
+        self.step = step
+        self.batch = batch
+
+        def kill(trainer: pl.Trainer, *args: Any) -> None:
+            batch_idx = args[-1] if hook.endswith("batch_start") or hook.endswith("batch_end") else None
+            if trainer.sanity_checking or trainer.global_step != self.step:
+                return
+            if self.batch is None or batch_idx == self.batch:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        setattr(self, hook, kill)
+
+
+class FsyncFault(Callback):
+    """Fail the first fsync of step ``step``'s first checkpoint, whose bytes are then in their temporary file:
+    ``kill`` SIGKILLs the process (the moment a non-atomic save leaves a torn file), ``enospc`` raises the
+    ``OSError`` of a full disk."""
+
+    def __init__(self, step: int, fault: str = "kill") -> None:
+        super().__init__()
+        self.step = step
+        self.fault = fault
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
+        if trainer.global_step != self.step or getattr(os.fsync, "armed", False):
+            return
+        original = os.fsync
+
+        def fsync(fd: int) -> None:
+            os.fsync = original
+            if self.fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        fsync.armed = True
+        os.fsync = fsync
+
+
+class ValLog(Callback):
+    """Append ``global_step val/loss`` to ``path`` at the end of each validation (the sanity check left out)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(f"{trainer.global_step} {float(trainer.callback_metrics['val/loss'])!r}\n")

@@ -114,7 +114,6 @@ BAD_INPUTS = {
                                     "model.gradient_checkpointing"),
     "unknown key": (["--model.learning_rate", "0.1"], "model.learning_rate"),
     "wrong type": (["--data.batch_size", "many"], "data.batch_size"),
-    "resume with nothing to resume": (["--ckpt_path", "last"], "ckpt_path"),
     "missing checkpoint": (["--ckpt_path", "{tmp}/nothing.ckpt"], "ckpt_path"),
     "corrupted checkpoint": (["--ckpt_path", "{tmp}/corrupt.ckpt"], "corrupt.ckpt"),
     "log dir that cannot be made": (["--trainer.logger.init_args.save_dir", "{tmp}/a-file/logs"], "save_dir"),
@@ -197,6 +196,7 @@ def test_last_is_the_latest_runs_newest_loadable_checkpoint(tmp_path):
     from modelwright.errors import ConfigError
     from modelwright.train.cli import find_last_checkpoint
 
+    assert find_last_checkpoint(tmp_path) is None, "nothing to resume: `last` starts afresh, as Lightning's does"
     older = _zip(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
     good = _zip(tmp_path / "version_1" / "checkpoints" / "last-step.ckpt")
     (tmp_path / "version_1" / "checkpoints" / "last.ckpt").write_bytes(b"")  # a full disk left it empty, newer

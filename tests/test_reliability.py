@@ -7,6 +7,7 @@ written to a config file (a CLI flag cannot change one entry of a list).
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -116,52 +117,86 @@ def test_resumable_loader_shuffles_as_shuffle_true_and_resumes_mid_pass():
 # -- exact resume after SIGKILL ------------------------------------------------------------------
 
 
-@pytest.mark.timeout(420)
-def test_sigkill_mid_epoch_then_resume_ends_with_the_uninterrupted_weights(tmp_path, subprocess_env, peak_cache):
-    config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=3)
-    marker = tmp_path / "sleeping"
-    sleeper = {"class_path": "faults.SleepAt", "init_args": {"step": 10, "marker": str(marker)}}
-    killed_config = _callbacks_config(tmp_path / "killed.yaml", every_n_train_steps=3, extra=(sleeper,))
-    common = ["--model.scheduler", "onecycle"]
-    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+#: Kill points of the sweep: (name, hook, global_step, batch_idx). 16 steps, 8 an epoch, a validation after every
+#: 4th; step checkpoints every 4 steps, written after the validation that follows them (callbacks/checkpoint.py).
+KILL_POINTS = [
+    ("start", "on_train_batch_start", 0, None),  # before any checkpoint: `last` starts afresh
+    ("mid-epoch", "on_train_batch_start", 6, None),
+    ("checkpoint write", "fsync", 12, None),  # step 12's checkpoint written to its temp file, not yet in place
+    ("epoch's last batch", "on_validation_start", 8, None),  # trained the epoch, not yet validated
+    ("epoch boundary", "on_train_batch_start", 8, None),  # just after the epoch's validation and checkpoint
+    ("validation", "on_validation_batch_end", 12, 1),  # a mid-epoch validation half done
+    ("after the last step", "on_validation_start", 16, None),  # the final validation pending
+    ("end", "on_train_end", 16, None),  # every checkpoint written, no record
+]
 
-    # B: killed during step 11 of 16 (epoch 1, batch 2); its newest checkpoint is step 9's.
+
+@pytest.mark.timeout(600)
+def test_sigkill_at_every_kill_point_then_resume_ends_as_the_uninterrupted_run(tmp_path, subprocess_env, peak_cache):
+    """Weights, optimizer, schedule and the validations run (their steps and losses) match the uninterrupted run."""
+    def config(name: str, *extra: dict) -> list[str]:
+        val_log = {"class_path": "faults.ValLog", "init_args": {"path": str(tmp_path / f"{name}.val")}}
+        path = _callbacks_config(tmp_path / f"{name}.yaml", every_n_train_steps=4, extra=(val_log, *extra))
+        return ["--config", str(path), "--model.scheduler", "onecycle", "--data.val_size", "32",
+                "--trainer.limit_val_batches", "3"]
+
     env = {**subprocess_env, **peak_cache}
-    b_args = _args(b_dir, "--config", str(killed_config), *common)
-    b_log = (tmp_path / "b.log").open("w")
-    proc = subprocess.Popen([sys.executable, "main.py", *b_args], cwd=REPO_ROOT, env=env,
-                            stdout=b_log, stderr=subprocess.STDOUT)
+    procs = {}
+    for name, hook, step, batch in KILL_POINTS:  # all at once: most of a child's time is importing
+        killer = ({"class_path": "faults.FsyncFault", "init_args": {"step": step}} if hook == "fsync" else
+                  {"class_path": "faults.KillAt", "init_args": {"hook": hook, "step": step, "batch": batch}})
+        with (tmp_path / f"{name}.log").open("w") as log:
+            procs[name] = subprocess.Popen([sys.executable, "main.py", *_args(tmp_path / name, *config(name, killer))],
+                                           cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        # A, uninterrupted, in this process while B starts up.
-        assert cli_main(_args(a_dir, "--config", str(config), *common)) == 0
-        deadline = time.monotonic() + 300
-        while not marker.exists():
-            assert proc.poll() is None, f"B ended before the kill: {(tmp_path / 'b.log').read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "B never reached step 10"
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        assert cli_main(_args(tmp_path / "a", *config("a"))) == 0  # uninterrupted, while the children start
+        for name, proc in procs.items():
+            assert proc.wait(timeout=300) == -signal.SIGKILL, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        b_log.close()
-    assert proc.returncode == -signal.SIGKILL
-    assert marker.read_text().split() == ["1", "1"], "killed in epoch 1 after its batch 1 (step 10)"
-    assert _ckpt(_last(b_dir, 0))["global_step"] == 9, "the newest checkpoint is mid-epoch"
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    a, a_val = _ckpt(_last(tmp_path / "a", 0)), (tmp_path / "a.val").read_text().splitlines()
+    assert a["global_step"] == 16 and [line.split()[0] for line in a_val] == ["4", "8", "12", "16"]
+    failures = []
+    for name, *_ in KILL_POINTS:
+        killed = (tmp_path / f"{name}.val").read_text().splitlines() if (tmp_path / f"{name}.val").exists() else []
+        # Another seed: a run that restarted instead of restoring would not match A (but one killed before its
+        # first checkpoint has nothing to restore: `last` starts it afresh, with A's seed).
+        seed = "0" if name == "start" else "7"
+        (tmp_path / f"{name}.val").unlink(missing_ok=True)
+        assert cli_main(_args(tmp_path / name, *config(name), "--ckpt_path", "last", "--seed_everything", seed)) == 0
+        resumed = (tmp_path / f"{name}.val").read_text().splitlines() if (tmp_path / f"{name}.val").exists() else []
+        failures += [f"{name}: {what}" for what in _differences(a, _ckpt(_last(tmp_path / name, 1)))]
+        if not (killed == a_val[: len(killed)] and resumed == a_val[len(a_val) - len(resumed) :]
+                and len(killed) + len(resumed) >= len(a_val)):
+            failures.append(f"{name}: validations {killed} then {resumed}, uninterrupted {a_val}")
+    assert not failures, "\n".join(failures)
 
-    # Another seed: a run that restarted instead of restoring (weights, optimizer, sampler, RNG) would not match A.
-    resume = ["--ckpt_path", "last", "--seed_everything", "7"]
-    assert cli_main(_args(b_dir, "--config", str(config), *common, *resume)) == 0
 
-    a, b = _ckpt(_last(a_dir, 0)), _ckpt(_last(b_dir, 1))
-    assert a["global_step"] == b["global_step"] == 16
-    assert a["state_dict"].keys() == b["state_dict"].keys()
-    for name, tensor in a["state_dict"].items():
-        assert torch.equal(tensor, b["state_dict"][name]), f"{name} differs after the resume"
+def _differences(a: dict, b: dict) -> list[str]:
+    """What differs between two end-of-fit checkpoints: step, weights, optimizer, schedule."""
+    found = [] if a["global_step"] == b["global_step"] else [f"global_step {b['global_step']}"]
+    found += [f"{k} differs" for k, t in a["state_dict"].items() if not torch.equal(t, b["state_dict"][k])]
     for key in ("state", "param_groups"):
-        assert repr(a["optimizer_states"][0][key]) == repr(b["optimizer_states"][0][key]), f"optimizer {key}"
-    assert a["lr_schedulers"] == b["lr_schedulers"], "OneCycleLR resumed at the same position"
+        if repr(a["optimizer_states"][0][key]) != repr(b["optimizer_states"][0][key]):
+            found.append(f"optimizer {key}")
+    if a["lr_schedulers"] != b["lr_schedulers"]:
+        found.append("lr schedule")
+    return found
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint_and_records_why_the_run_failed(tmp_path, capsys, peak_cache):
+    full = {"class_path": "faults.FsyncFault", "init_args": {"step": 4, "fault": "enospc"}}
+    config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=2, extra=(full,))
+    assert cli_main(_args(tmp_path, "--config", str(config))) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: [Errno 28] No space left on device: ") and line.endswith(".ckpt'"), line
+    folder = next(tmp_path.glob("*/version_0/checkpoints"))
+    assert [p.name for p in folder.iterdir() if p.suffix != ".ckpt"] == [], "no temporary file left"
+    assert {_ckpt(p)["global_step"] for p in folder.glob("*.ckpt")} == {2}, "the step-2 checkpoint is whole"
+    record = json.loads(next(tmp_path.glob("*/version_0/record.json")).read_text())
+    assert record["status"] == "failed" and "No space left on device" in record["error"]
 
 
 # -- SIGTERM -------------------------------------------------------------------------------------
@@ -208,8 +243,10 @@ def test_nonfinite_loss_stops_the_run_naming_the_step(tmp_path, capsys, peak_cac
 
 
 def test_nonfinite_loss_skip_drops_the_steps_and_counts_them(tmp_path, peak_cache):
+    """Step 2 gets NaN images (its forward poisons BatchNorm's statistics), step 5 a NaN loss; both are dropped."""
+    nan_input = {"class_path": "faults.NanInputAt", "init_args": {"steps": [2]}}
     config = _callbacks_config(
-        tmp_path / "callbacks.yaml", every_n_train_steps=500, on_nonfinite="skip", extra=(_nan_at(2, 5),)
+        tmp_path / "callbacks.yaml", every_n_train_steps=500, on_nonfinite="skip", extra=(nan_input, _nan_at(5))
     )
     assert cli_main(_args(tmp_path, "--config", str(config), "--trainer.max_steps", "8")) == 0
     ckpt = _ckpt(_last(tmp_path, 0))
@@ -219,11 +256,15 @@ def test_nonfinite_loss_skip_drops_the_steps_and_counts_them(tmp_path, peak_cach
     assert guard["scaler_skipped_steps"] is None, "no GradScaler in fp32"
     adam_steps = {float(s["step"]) for s in ckpt["optimizer_states"][0]["state"].values()}
     assert adam_steps == {6.0}, "AdamW took 6 of the 8 steps: the skipped ones changed no optimizer state"
-    assert all(torch.isfinite(t).all() for t in ckpt["state_dict"].values() if t.is_floating_point())
+    for name, tensor in ckpt["state_dict"].items():
+        assert torch.isfinite(tensor.float()).all(), f"{name} is not finite"
+        if name.endswith("num_batches_tracked"):
+            assert int(tensor) == 6, f"{name}: {int(tensor)}; the skipped steps' forwards were not undone"
     (record_path,) = tmp_path.glob("*/version_0/record.json")
     record = json.loads(record_path.read_text())
     assert record["status"] == "ok"
     assert record["faults"]["nonfinite_skipped_steps"] == 2 and record["faults"]["nonfinite_skipped_at"] == [2, 5]
+    assert math.isfinite(record["metrics"]["val/loss"]), "validation runs on a model the NaN batch did not poison"
 
 
 def test_gradscaler_skipped_steps_are_counted_from_the_scale():

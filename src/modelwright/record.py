@@ -21,9 +21,9 @@ import types
 import typing
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from modelwright import REPO_ROOT
 
@@ -392,22 +392,33 @@ def _dumps(record: Mapping, validate: bool, indent: int | None = None) -> str:
     return json.dumps(data, indent=indent, allow_nan=False, ensure_ascii=False)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``), mode 0644."""
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
+    """``write(file)`` into a temp file in ``path``'s folder, fsync, ``os.replace`` onto ``path``, mode 0644.
+
+    A kill or a full disk leaves the previous file whole (the temp file is removed when the write fails); the
+    ``OSError`` of a failed write names ``path``.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)  # mkstemp makes 0600: results are for every reader
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.errno is not None and not err.filename:
+            raise OSError(err.errno, err.strerror, str(path)) from err
         raise
     return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` with :func:`write_atomic`."""
+    return write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def write_record(path: str | os.PathLike, record: Mapping, validate: bool = True) -> Path:

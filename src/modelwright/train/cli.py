@@ -15,6 +15,7 @@ What this adds to a plain LightningCLI, and why:
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import re
@@ -44,11 +45,12 @@ def _logger_init_args(trainer_cfg) -> dict | None:
     return logger["init_args"]
 
 
-def find_last_checkpoint(log_root: Path) -> Path:
+def find_last_checkpoint(log_root: Path) -> Path | None:
     """The newest loadable ``last*.ckpt`` of the latest run (the highest ``version_N``) under ``log_root``.
 
     Never an older run's without saying so: when the latest run has none (killed before its first checkpoint), the
-    error names the newest older candidate, to be passed explicitly.
+    error names the newest older candidate, to be passed explicitly. ``None`` when no run has one: as with
+    Lightning's own ``ckpt_path="last"``, a job relaunched with ``--ckpt_path last`` may start before any checkpoint.
     """
     def number(folder: Path) -> int:
         tail = folder.name.removeprefix("version_")
@@ -64,7 +66,7 @@ def find_last_checkpoint(log_root: Path) -> Path:
                 f"ckpt_path: 'last', but the latest run {runs[0]} has no loadable checkpoint; the newest older one is "
                 f"{found[-1]} (pass it as --ckpt_path to resume that run)"
             )
-    raise ConfigError(f"ckpt_path: 'last' but no loadable last*.ckpt under {log_root}/version_*/checkpoints")
+    return None
 
 
 def _loadable(path: Path) -> bool:
@@ -208,7 +210,10 @@ class ModelwrightCLI(LightningCLI):
             check_writable_dir(Path(init_args["save_dir"]), "trainer.logger.init_args.save_dir")
         if cfg.get("ckpt_path") == "last" and init_args is not None:
             root = Path(init_args["save_dir"]) / (init_args.get("name") or "")
-            cfg["ckpt_path"] = str(find_last_checkpoint(root))
+            found = find_last_checkpoint(root)
+            if found is None:
+                _say(f"ckpt_path: 'last', but no run under {root} has a checkpoint; starting from the beginning")
+            cfg["ckpt_path"] = None if found is None else str(found)
         if cfg.get("ckpt_path"):
             check_checkpoint(Path(cfg["ckpt_path"]))
 
@@ -267,5 +272,10 @@ def cli_main(args: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a full disk or quota: the run's record says so too, where it could be written
+        if debug or err.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 1
     return 0
