@@ -2,8 +2,9 @@
 
 :class:`ModelCheckpoint` keeps Lightning's name and arguments, so the CLI and the study treat it as theirs, and
 changes two things. A step checkpoint due on a batch that a validation follows is written after that validation:
-written before it, the resumed run would skip that validation, which Lightning's loop counts as done. And a ``fast_dev_run`` saves nothing: Lightning 2.6 skips every save of one but the
-``save_last`` one in ``on_train_end``, which lands in ``./checkpoints`` (the run's dummy logger has no folder).
+written before it, the resumed run would skip that validation, which Lightning's loop counts as done. And a
+``fast_dev_run`` saves nothing: Lightning 2.6 skips every save of one but the ``save_last`` one in ``on_train_end``,
+which lands in ``./checkpoints`` (the run's dummy logger has no folder).
 
 :class:`AtomicCheckpointIO` (``trainer.plugins`` in configs/base.yaml): Lightning writes a checkpoint to a temp file
 in the system's temp folder and moves it into place, which is a copy over the old file when the two folders are on
