@@ -1,4 +1,5 @@
-"""What the callbacks share: the :class:`Measurement` interface, scalar logging, batch helpers, quiet logs."""
+"""What the callbacks share: the :class:`Measurement` interface, scalar logging, batch helpers, quiet logs.
+(Hooks overridden in this folder have Lightning's signatures; their annotations are not repeated.)"""
 
 from __future__ import annotations
 
@@ -11,24 +12,18 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch.utils._pytree import tree_leaves
 
 
 class Measurement(Callback):
-    """A callback that measures part of a run. The one way callbacks learn about each other, found with isinstance.
-
-    Both methods have defaults (nothing to add, no step disturbed); a subclass overrides what applies.
-    """
+    """A callback that measures part of a run: the one way callbacks learn about each other (isinstance)."""
 
     def record_sections(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, dict]:
-        """What this callback adds to the run record: ``{section: {key: value}}`` (``timing``, ``memory``, ...).
-
-        :class:`callbacks.run_record.RunRecord` merges the sections of every measurement at the end of ``fit``.
-        """
+        """What this adds to the run record, ``{section: {key: value}}``; ``RunRecord`` merges them all."""
         return {}
 
     def perturbs(self, step: int) -> bool:
-        """Whether this callback disturbs optimizer step ``step`` (``global_step`` as it began) with one-off
-        work (an anatomy capture, a FLOP count); the step timer leaves such steps out."""
+        """Whether one-off work (an anatomy capture) disturbs optimizer step ``step``: the step timer skips it."""
         return False
 
 
@@ -45,19 +40,12 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float | None]) -> Non
 
 def log_every(trainer: pl.Trainer, own: int | None) -> int:
     """Logging interval in optimizer steps: the callback's own, else the Trainer's ``log_every_n_steps``."""
-    n = own if own is not None else getattr(trainer, "log_every_n_steps", 50)
-    return max(1, int(n or 1))
+    return max(1, int(own if own is not None else trainer.log_every_n_steps or 1))
 
 
 def first_tensor(batch: Any) -> torch.Tensor | None:
-    """The first tensor of a batch: itself, the first of a tuple or list, or a dict's first value."""
-    if isinstance(batch, torch.Tensor):
-        return batch
-    for item in batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ():
-        t = first_tensor(item)
-        if t is not None:
-            return t
-    return None
+    """The first tensor of a batch: itself, or the first in its tuples, lists and dicts."""
+    return next((t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)), None)
 
 
 def batch_size_of(batch: Any) -> int | None:
@@ -68,26 +56,19 @@ def batch_size_of(batch: Any) -> int | None:
 
 def unwrap_net(pl_module: pl.LightningModule, attr: str = "net") -> torch.nn.Module:
     """The network inside the LightningModule (``pl_module.<attr>``), or the module itself."""
-    net = getattr(pl_module, attr, None) if attr else None
+    net = getattr(pl_module, attr, None)
     return net if isinstance(net, torch.nn.Module) else pl_module
 
 
-class _DropAdverts(logging.Filter):
-    PREFIXES = ("💡 Tip:", "Trainer already configured with model summary callbacks")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.PREFIXES)
+def _not_an_advert(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(("💡 Tip:", "Trainer already configured with model summary callbacks"))
 
 
 def quiet_lightning() -> None:
     """Silence, by exact message, output a user cannot act on: Lightning's logging-service adverts, the
     FutureWarning torch raises at Lightning's own use of ``LeafSpec``, and the model summary's note that it sizes
     mixed-precision parameters as fp32 (they are fp32). Every other warning stays."""
-    log = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    if not any(isinstance(f, _DropAdverts) for f in log.filters):
-        log.addFilter(_DropAdverts())
-    warnings.filterwarnings(
-        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning,
-        module=r"lightning\.pytorch\.utilities\._pytree",
-    )
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_an_advert)  # once: a set of filters
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
     warnings.filterwarnings("ignore", message=r"Precision .* is not supported by the model summary")

@@ -1,49 +1,25 @@
-"""Lightning's model summary with the FLOPs this project measures: training FLOPs per micro-batch, per layer.
-
-YAML (``trainer.callbacks``)::
-
-    - class_path: callbacks.model_summary.FlopsModelSummary
-
-Lightning's own summary counts FLOPs only by running ``example_input_array`` forward on the device, and prints
-``0 Total Flops`` without one. This one counts a forward and backward of a meta-device copy of the network (nothing
-runs) on a micro-batch shaped like the data, the figure the step timer divides by step time for MFU.
-"""
+"""Lightning's model summary with the FLOPs this project measures: training FLOPs per micro-batch, per layer."""
 
 from __future__ import annotations
 
-import logging
 import warnings
-from typing import Any
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.callbacks.model_summary import log  # where Lightning's summary is printed
 from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
-from torch.utils.flop_counter import FlopCounterMode
 
 from callbacks._glue import first_tensor, unwrap_net
 from modelwright.measure import meta_copy
 
-log = logging.getLogger("lightning.pytorch.callbacks.model_summary")  # printed where Lightning's summary is
-
-
-class _Summary(Summary):
-    def __init__(self, model: pl.LightningModule, max_depth: int, counts: dict[str, dict]) -> None:
-        self._counts = counts
-        super().__init__(model, max_depth)
-
-    @property
-    def total_flops(self) -> int:
-        return sum(self._counts.get("Global", {}).values())
-
-    @property
-    def flop_counts(self) -> dict[str, dict[Any, int]]:
-        return {name: self._counts.get(name, {}) for name in self.layer_names}
-
 
 class FlopsModelSummary(ModelSummary):
     """The layer table of Lightning's ``ModelSummary``, its FLOPs column and total from a meta-device count.
+
+    Lightning's counts only a forward of ``example_input_array`` on the device (``0 Total Flops`` without one). This
+    counts a forward and backward of a meta-device copy of the network (nothing runs) on a micro-batch shaped like
+    the data: the figure the step timer divides by step time for MFU.
 
     Args:
         max_depth: as ``ModelSummary``'s: layers nested deeper are not listed.
@@ -54,38 +30,34 @@ class FlopsModelSummary(ModelSummary):
         super().__init__(max_depth=max_depth)
         self.module_attr = module_attr
 
-    def _summary(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> Summary:
-        x = _example_batch(trainer, pl_module)
-        counts: dict[str, dict] = {}
-        counter = FlopCounterMode(display=False, depth=self._max_depth + 1)
+    def _summary(self, trainer, pl_module) -> Summary:
+        summary = Summary(pl_module, self._max_depth)  # Lightning's table, its FLOP counter filled here
+        counter = summary._flop_counter
         try:
+            x = pl_module.example_input_array
+            if not isinstance(x, torch.Tensor):  # a micro-batch of the first training sample: its shape is all
+                dm = trainer.datamodule
+                sample = first_tensor(dm.train_set[0])
+                x = sample.expand(dm.hparams["batch_size"], *sample.shape)
             net = meta_copy(unwrap_net(pl_module, self.module_attr)).train()
-            with counter:
+            with counter:  # entering it clears what an example_input_array forward counted
                 net(x.to("meta")).float().sum().backward()
         except Exception as err:  # a sharded network (FSDP2 cannot be copied), no example: a table without FLOPs
             warnings.warn(f"FlopsModelSummary: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
-            return _Summary(pl_module, self._max_depth, counts)
-        root = type(net).__name__
-        for name, ops in counter.get_flop_counts().items():
-            inside = name == root or name.startswith(root + ".")
-            counts[self.module_attr + name[len(root):] if inside else name] = ops
-        return _Summary(pl_module, self._max_depth, counts)
+            counter.flop_counts.clear()
+            return summary
+        # The summary names a layer "<LightningModule class>.<attribute>"; the counter saw the network as its root.
+        root, owner = type(net).__name__, f"{type(pl_module).__name__}.{self.module_attr}"
+        counts = {(owner + name[len(root):] if name == root or name.startswith(root + ".") else name): ops
+                  for name, ops in counter.flop_counts.items()}
+        counter.flop_counts.clear()
+        counter.flop_counts.update(counts)
+        return summary
 
     @staticmethod
     def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
-                  total_flops, **summarize_kwargs) -> None:  # noqa: ANN001
+                  total_flops, **summarize_kwargs) -> None:
         table = _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes,
                                       total_flops, *summary_data)
         log.info("\n" + table.replace("Total Flops", "Training FLOPs per micro-batch (forward + backward)"))
 
-
-def _example_batch(trainer: pl.Trainer, pl_module: pl.LightningModule) -> torch.Tensor | None:
-    """``example_input_array``, else a micro-batch of the datamodule's first training sample (its shape is all)."""
-    x = pl_module.example_input_array
-    if isinstance(x, torch.Tensor):
-        return x
-    dm = trainer.datamodule
-    train_set = getattr(dm, "train_set", None)
-    batch_size = getattr(dm, "hparams", {}).get("batch_size")
-    sample = first_tensor(train_set[0]) if train_set is not None and batch_size else None
-    return None if sample is None else sample.expand(batch_size, *sample.shape)

@@ -1,15 +1,9 @@
 """One JSON record per run (:func:`modelwright.record.build_record`), and what the run tells its user.
 
-YAML (``trainer.callbacks``)::
-
-    - class_path: callbacks.run_record.RunRecord
-      init_args: {record_path: null, records_jsonl: null}
-
-At the end of ``fit`` the record is assembled from the sections every :class:`~callbacks._glue.Measurement`
-callback contributes (``docs/record-schema.md``) and written by global rank 0 only; rank 0 then prints a
-short summary and puts it, with the memory anatomy as a figure, into the TensorBoard run. A fit that raises
-still leaves a record, with status ``failed``, ``oom``, ``interrupted`` or ``diverged`` and the error.
-A ``fast_dev_run`` writes nothing: its logger is a dummy and its figures are not results.
+At the end of ``fit`` the sections of every :class:`~callbacks._glue.Measurement` (``docs/record-schema.md``) make
+the record; global rank 0 alone writes it, prints a short summary and puts it, with the memory anatomy as a table
+and a stacked bar, into TensorBoard (with a custom-scalars layout). A fit that raises still leaves a record, with
+status ``failed``, ``oom``, ``interrupted`` or ``diverged``; a ``fast_dev_run`` (a dummy logger) writes none.
 """
 
 from __future__ import annotations
@@ -24,30 +18,22 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.cli import SaveConfigCallback
+from lightning.pytorch.loggers import TensorBoardLogger
 
-from callbacks import _summary
 from callbacks._glue import batch_size_of, log_every, measurements, quiet_lightning, unwrap_net
-from modelwright.measure import (
-    StepCycle,
-    channels_last_applied,
-    error_status,
-    hardware_info,
-    is_compiled,
-    one_line_error,
-    optimizer_impl,
-    versions,
-)
-from modelwright.record import METRIC_KEYS, append_record, build_record, to_jsonable, write_record
+from modelwright import measure
+from modelwright.record import ANATOMY_CATEGORIES, METRIC_KEYS, append_record, build_record, to_jsonable, write_record
+from modelwright.train.models import checkpointed_modules
 
-try:
-    from modelwright.train.models import checkpointed_modules
-except ImportError:  # an older package: count the modules whose forward was replaced on the instance
-    def checkpointed_modules(net: torch.nn.Module) -> list[torch.nn.Module]:
-        return [m for m in net.modules() if "forward" in m.__dict__]
-
-_STRATEGY_NAMES = {"SingleDeviceStrategy": "single_device", "DDPStrategy": "ddp", "FSDPStrategy": "fsdp",
-                   "ModelParallelStrategy": "model_parallel", "DeepSpeedStrategy": "deepspeed",
-                   "SingleDeviceXLAStrategy": "single_xla", "XLAStrategy": "xla"}
+_STRATEGY_NAMES = {"SingleDeviceStrategy": "single_device", "ModelParallelStrategy": "model_parallel",
+                   "SingleDeviceXLAStrategy": "single_xla"}  # others: the class name less "Strategy", lower case
+_LAYOUT = {  # TensorBoard's custom-scalars tab: {category: {chart: ["Multiline", [tag regex, ...]]}}
+    "perf": {"step time (ms)": ["Multiline", ["perf/step_time_ms", "perf/step_time_(median|p90)_ms"]],
+             "throughput (samples/s)": ["Multiline", ["perf/samples_per_s"]], "MFU": ["Multiline", ["perf/mfu"]]},
+    "mem": {"peak (MiB)": ["Multiline", ["mem/peak_(allocated|reserved)_mib", "mem/process_rss_peak_mib"]]},
+    "train / val": {"loss": ["Multiline", ["(train|val)/loss"]], "accuracy": ["Multiline", ["(train|val)/acc"]]},
+}
 
 
 class RunRecord(Callback):
@@ -63,54 +49,37 @@ class RunRecord(Callback):
         summary: print the summary on rank 0 and write it, with the anatomy figure, to TensorBoard.
     """
 
-    def __init__(
-        self,
-        record_path: str | None = None,
-        records_jsonl: str | None = None,
-        run_id: str | None = None,
-        history: bool = True,
-        log_every_n_steps: int | None = None,
-        summary: bool = True,
-    ) -> None:
+    def __init__(self, record_path: str | None = None, records_jsonl: str | None = None, run_id: str | None = None,
+                 history: bool = True, log_every_n_steps: int | None = None, summary: bool = True) -> None:
         super().__init__()
         quiet_lightning()  # before the Trainer exists: its adverts come from its constructor
         self.record_path, self.records_jsonl, self.run_id = record_path, records_jsonl, run_id
         self.history, self.log_every_n_steps, self.summary = history, log_every_n_steps, summary
         self.record: dict[str, Any] | None = None
-        self.written_to: Path | None = None
-        self.summary_lines: list[str] = []
-        self._history: dict[str, list[list[float]]] = {}
-        self._cycle = StepCycle()
+        self.written_to: Path | None = None  # the record.json
+        self._history: dict[str, list[list[float]]] = {}  # metric: [[step, value], ...]
         self._micro_batch_size: int | None = None
-        self._t0: float | None = None
-        self._every = 1
-        self._done = False
+        self._t0: float | None = None  # when the fit started
+        self._cycle, self._every, self._done = measure.StepCycle(), 1, False
 
-    # -- collecting ------------------------------------------------------------------------------
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._t0, self._done, self._history, self._cycle = time.perf_counter(), False, {}, StepCycle()
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._t0, self._done, self._history, self._cycle = time.perf_counter(), False, {}, measure.StepCycle()
         self._every = log_every(trainer, self.log_every_n_steps)
         self.run_id = self.run_id or os.environ.get("MODELWRIGHT_RUN_ID") or None
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.summary and trainer.is_global_zero:
-            for writer in _summary.tensorboards(trainer.loggers):
-                writer.add_custom_scalars(_summary.LAYOUT)
+    def on_train_start(self, trainer, pl_module) -> None:
+        for writer in _tensorboards(trainer) if self.summary and trainer.is_global_zero else ():
+            writer.add_custom_scalars(_LAYOUT)
 
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._cycle.begin(trainer.global_step)
         self._micro_batch_size = self._micro_batch_size or batch_size_of(batch)
 
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._cycle.end(trainer.global_step) and self.history and trainer.global_step % self._every == 0:
             self._remember(trainer, "train/")
 
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_validation_end(self, trainer, pl_module) -> None:
         if self.history and not trainer.sanity_checking:
             self._remember(trainer, "val/")
 
@@ -120,18 +89,15 @@ class RunRecord(Callback):
             if key.startswith(prefix) and key in metrics:
                 self._history.setdefault(key, []).append([trainer.global_step, _scalar(metrics[key])])
 
-    # -- finishing -------------------------------------------------------------------------------
-
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_fit_end(self, trainer, pl_module) -> None:
         loss = _scalar(trainer.callback_metrics.get("train/loss"))
-        if loss is not None and not math.isfinite(loss):
-            self._finish(trainer, pl_module, "diverged", f"train/loss is {loss} at step {trainer.global_step}")
-        else:
-            self._finish(trainer, pl_module, "ok", None)
+        diverged = loss is not None and not math.isfinite(loss)
+        error = f"train/loss is {loss} at step {trainer.global_step}" if diverged else None
+        self._finish(trainer, pl_module, "diverged" if diverged else "ok", error)
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(self, trainer, pl_module, exception) -> None:
         if trainer.state.fn == "fit":  # a failing validate / test run is not a training run
-            self._finish(trainer, pl_module, error_status(exception), one_line_error(exception))
+            self._finish(trainer, pl_module, measure.error_status(exception), measure.one_line_error(exception))
 
     def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str, error: str | None) -> None:
         if self._done:
@@ -147,25 +113,27 @@ class RunRecord(Callback):
             warnings.warn(f"RunRecord: could not write the record of a {status} run: {err}", stacklevel=2)
 
     def _write(self, trainer: pl.Trainer, record: dict[str, Any]) -> None:
-        log_dir = None if trainer.fast_dev_run else _log_dir(trainer)
-        if log_dir is not None:
-            fill = {"log_dir": log_dir, "run_id": record["run_id"]}
+        if not trainer.fast_dev_run:
+            fill = {"log_dir": _log_dir(trainer), "run_id": record["run_id"]}
             self.written_to = write_record(Path((self.record_path or "{log_dir}/record.json").format(**fill)), record)
             if self.records_jsonl:
                 append_record(Path(self.records_jsonl.format(**fill)), record)
         if not self.summary:
             return
-        tensorboards = _summary.tensorboards(trainer.loggers)
-        tb_dir = _summary.relative(_log_dir(trainer)) if tensorboards else None
-        self.summary_lines = _summary.summary_lines(record, _summary.relative(self.written_to), tb_dir)
-        _summary.write_tensorboard(tensorboards, record, self.summary_lines, trainer.global_step)
-        print("\n" + "\n".join(self.summary_lines), flush=True)  # after the progress bar closed (on_train_end)
+        writers = _tensorboards(trainer)
+        lines = _summary_lines(record, _relative(self.written_to), _relative(_log_dir(trainer)) if writers else None)
+        print("\n" + "\n".join(lines), flush=True)  # after the progress bar closed (on_train_end)
+        memory = record.get("memory") or {}
+        rows = _anatomy_rows(memory)
+        table = "| category | MiB |\n|:--|--:|\n" + "".join(f"| {k} | {v:.1f} |\n" for k, v in rows)
+        for writer in writers:
+            writer.add_text("run/summary", "\n".join(f"    {line}" for line in lines), trainer.global_step)
+            if rows:
+                writer.add_text("mem/anatomy", table, trainer.global_step)
+                writer.add_figure("mem/anatomy", _anatomy_figure(rows, memory.get("anatomy_step")), trainer.global_step)
+            writer.flush()
 
-    # -- assembling ------------------------------------------------------------------------------
-
-    def build(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "ok", error: str | None = None
-    ) -> dict[str, Any]:
+    def build(self, trainer, pl_module, status: str = "ok", error: str | None = None) -> dict[str, Any]:
         """The record of this run as it stands (JSON-ready, validated when written)."""
         sections: dict[str, dict] = {}
         for m in measurements(trainer):
@@ -183,29 +151,45 @@ class RunRecord(Callback):
         record = build_record(
             loop="lightning", status=status, error=error, run_id=self.run_id, config=config,
             techniques=_techniques(trainer, pl_module, config, self._micro_batch_size),
-            hardware=hardware_info(pl_module.device, num_devices=trainer.num_devices), versions=versions(),
-            timing=timing, memory=memory, metrics={**dict.fromkeys(METRIC_KEYS), **metrics},
+            hardware=measure.hardware_info(pl_module.device, num_devices=trainer.num_devices),
+            versions=measure.versions(), timing=timing, memory=memory,
+            metrics={**dict.fromkeys(METRIC_KEYS), **metrics},
             history={k: list(v) for k, v in self._history.items()}, **sections,
         )
         self.run_id = record["run_id"]  # the same id for a record rebuilt after an error
         return record
 
 
-def _log_dir(trainer: pl.Trainer) -> str:
-    """``trainer.log_dir`` without its broadcast: this runs on rank 0 alone, where a collective would hang."""
-    logger = trainer.logger
-    if logger is None:
-        return trainer.default_root_dir
-    return getattr(logger, "log_dir", None) or logger.save_dir or trainer.default_root_dir
+def _techniques(trainer: pl.Trainer, pl_module: pl.LightningModule, config: dict, micro: int | None) -> dict[str, Any]:
+    hp, net = dict(pl_module.hparams), unwrap_net(pl_module)
+    requested = (config.get("trainer") or {}).get("precision")
+    accumulate, strategy = trainer.accumulate_grad_batches, type(trainer.strategy).__name__
+    channels_last = measure.channels_last_applied(net)
+    return {
+        "model_name": hp.get("model_name"), "optimizer": hp.get("optimizer"),
+        "precision": str(trainer.precision), "precision_requested": None if requested is None else str(requested),
+        "gradient_checkpointing": hp.get("gradient_checkpointing"),
+        "checkpointed_segments": len(checkpointed_modules(net)),
+        "optimizer_impl": measure.optimizer_impl(trainer.optimizers[0]) if trainer.optimizers else None,
+        "channels_last": channels_last if channels_last is not None else hp.get("channels_last"),
+        "compile": measure.is_compiled(net),
+        "strategy": _STRATEGY_NAMES.get(strategy, strategy.removesuffix("Strategy").lower()),
+        "strategy_class": strategy, "world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
+        "micro_batch_size": micro, "accumulate_grad_batches": accumulate,
+        "effective_batch_size": micro * accumulate * trainer.world_size if micro else None,
+    }
 
 
-def _scalar(value: Any) -> float | None:
-    if isinstance(value, torch.Tensor):
-        return float(value.detach().float().item()) if value.numel() == 1 else None
-    try:
-        return None if value is None else float(value)
-    except (TypeError, ValueError):
-        return None
+def _resolved_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+    """LightningCLI's resolved config (from its SaveConfigCallback), else the hyperparameters."""
+    saver = next((cb for cb in trainer.callbacks if isinstance(cb, SaveConfigCallback)), None)
+    config = to_jsonable(getattr(saver, "config", None))
+    if isinstance(config, dict):
+        return _portable(config, os.getcwd() + os.sep)
+    config = {"model": to_jsonable(dict(pl_module.hparams))}
+    if hasattr(trainer.datamodule, "hparams"):
+        config["data"] = to_jsonable(dict(trainer.datamodule.hparams))
+    return config
 
 
 def _portable(value: Any, cwd: str) -> Any:
@@ -218,46 +202,68 @@ def _portable(value: Any, cwd: str) -> Any:
     return value[len(cwd):] if isinstance(value, str) and value.startswith(cwd) else value
 
 
-def _resolved_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-    """LightningCLI's resolved config (from its SaveConfigCallback), else the hyperparameters."""
-    from lightning.pytorch.cli import SaveConfigCallback
-
-    saver = next((cb for cb in trainer.callbacks if isinstance(cb, SaveConfigCallback)), None)
-    config = to_jsonable(saver.config) if saver is not None and getattr(saver, "config", None) is not None else None
-    if isinstance(config, dict):
-        return _portable(config, os.getcwd() + os.sep)
-    config = {"model": to_jsonable(dict(pl_module.hparams))}
-    datamodule = getattr(trainer, "datamodule", None)
-    if datamodule is not None and hasattr(datamodule, "hparams"):
-        config["data"] = to_jsonable(dict(datamodule.hparams))
-    return config
+def _scalar(value: Any) -> float | None:
+    try:
+        return None if value is None else float(value.detach() if isinstance(value, torch.Tensor) else value)
+    except (TypeError, ValueError):
+        return None
 
 
-def _techniques(
-    trainer: pl.Trainer, pl_module: pl.LightningModule, config: dict[str, Any], micro: int | None
-) -> dict[str, Any]:
-    hp = dict(pl_module.hparams)
-    net = unwrap_net(pl_module)
-    trainer_cfg = config.get("trainer")
-    requested = trainer_cfg.get("precision") if isinstance(trainer_cfg, dict) else None
-    accumulate = trainer.accumulate_grad_batches
-    strategy = type(trainer.strategy).__name__
-    channels_last = channels_last_applied(net)
-    return {
-        "model_name": hp.get("model_name"),
-        "precision": str(trainer.precision),
-        "precision_requested": None if requested is None else str(requested),
-        "accumulate_grad_batches": accumulate,
-        "gradient_checkpointing": hp.get("gradient_checkpointing"),
-        "checkpointed_segments": len(checkpointed_modules(net)),
-        "optimizer": hp.get("optimizer"),
-        "optimizer_impl": optimizer_impl(trainer.optimizers[0]) if trainer.optimizers else None,
-        "channels_last": channels_last if channels_last is not None else hp.get("channels_last"),
-        "compile": is_compiled(net),
-        "strategy": _STRATEGY_NAMES.get(strategy, strategy.removesuffix("Strategy").lower()),
-        "strategy_class": strategy,
-        "world_size": trainer.world_size,
-        "num_nodes": trainer.num_nodes,
-        "micro_batch_size": micro,
-        "effective_batch_size": micro * accumulate * trainer.world_size if micro else None,
-    }
+def _log_dir(trainer: pl.Trainer) -> str:
+    """``trainer.log_dir`` without its broadcast: this runs on rank 0 alone, where a collective would hang."""
+    logger = trainer.logger
+    return getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None) or trainer.default_root_dir
+
+
+def _relative(path: str | Path | None) -> str | None:
+    """``path`` relative to the working directory where it lies inside it (shorter to read and to copy)."""
+    path, cwd = None if path is None else Path(path).resolve(), Path.cwd()
+    return None if path is None else str(path.relative_to(cwd) if path.is_relative_to(cwd) else path)
+
+
+def _tensorboards(trainer: pl.Trainer) -> list:
+    return [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
+
+
+def _anatomy_rows(memory: dict[str, Any], top: int | None = None) -> list[tuple[str, float]]:
+    anatomy = memory.get("anatomy_mib") or {}
+    return sorted(((k, v) for k, v in anatomy.items() if k in ANATOMY_CATEGORIES and v), key=lambda kv: -kv[1])[:top]
+
+
+def _summary_lines(record: dict[str, Any], record_path: str | None, log_dir: str | None) -> list[str]:
+    """The end-of-run summary: techniques, step time and spread, throughput, memory, MFU, where things went."""
+    from modelwright.report.fmt import pct, sig
+
+    tech, timing, flops, memory = (record.get(k) or {} for k in ("techniques", "timing", "flops", "memory"))
+    top = ", ".join(f"{k} {sig(v)}" for k, v in _anatomy_rows(memory, 3))
+    peak_source = flops.get("peak_flops_source")
+    lines = [
+        f"technique   {tech.get('precision')}, micro-batch {tech.get('micro_batch_size')} x accumulate "
+        f"{tech.get('accumulate_grad_batches')}, checkpointing {tech.get('gradient_checkpointing')}, "
+        f"{tech.get('strategy')} x {tech.get('world_size')}",
+        f"step time   median {sig(timing.get('step_time_median_ms'))} ms, p90 {sig(timing.get('step_time_p90_ms'))}, "
+        f"min {sig(timing.get('step_time_min_ms'))}, max {sig(timing.get('step_time_max_ms'))} "
+        f"({timing.get('measured_steps')} steps after {timing.get('warmup_steps')} warm-up)",
+        f"throughput  {sig(timing.get('samples_per_s'))} samples/s",
+        f"memory      peak {sig(memory.get('peak_allocated_mib'))} MiB ({memory.get('peak_source')})"
+        + (f": {top}" if top else ""),
+        f"MFU         {pct(flops.get('mfu'))} of {sig((flops.get('peak_flops_per_s') or 0) / 1e12)} TFLOP/s "
+        f"({peak_source}: {flops.get('peak_flops_method')})" if peak_source else "MFU         – (no peak FLOP/s)",
+        f"record      {record_path or 'not written (fast_dev_run)'}",
+    ] + ([f"tensorboard uv run tensorboard --logdir {log_dir}"] if log_dir else [])
+    error = f" ({record['error']})" if record.get("error") else ""
+    return [f"Run {record.get('run_id')}: {record.get('status')}{error}", *("  " + line for line in lines)]
+
+
+def _anatomy_figure(rows: list[tuple[str, float]], step: int | None):  # one stacked bar, at the captured step's peak
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, nothing global changed
+
+    fig = Figure(figsize=(7, 1.8), layout="constrained")
+    ax = fig.add_subplot()
+    left = 0.0
+    for name, mib in rows:
+        ax.barh(0, mib, left=left, label=f"{name} {mib:.1f}")
+        left += mib
+    ax.set(yticks=[], xlabel="MiB", title=f"memory at the peak of step {step}")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=4, fontsize="small", frameon=False)
+    return fig

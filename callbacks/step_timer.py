@@ -1,43 +1,23 @@
-"""Step time over a window of optimizer steps, throughput, FLOPs and MFU: ``perf/*``.
+"""Step time over a window of optimizer steps, throughput, FLOPs and MFU: ``perf/*`` (docs/measurement.md).
 
-YAML (``trainer.callbacks``)::
-
-    - class_path: callbacks.step_timer.StepTimeMonitor
-      init_args: {warmup_steps: 2, peak_flops_per_s: null}
-
-A step spans all micro-batches of one optimizer step: from ``on_train_batch_start`` of the first to
-``on_train_batch_end`` of the last (the first micro-batch's data loading is outside). Steps that another
-:class:`~callbacks._glue.Measurement` disturbs (the memory anatomy capture) are left out of the statistics.
+A step spans all micro-batches of one optimizer step, from ``on_train_batch_start`` of the first to
+``on_train_batch_end`` of the last; steps another :class:`~callbacks._glue.Measurement` disturbs are left out.
 Lightning's ``ThroughputMonitor`` gives running means only; the record needs the median and p90 of a window.
-
-FLOPs are counted once, before the first step is timed: a forward and backward of a meta-device copy of
-``pl_module.net`` on a batch of the same shape (:func:`modelwright.measure.training_flops`): model FLOPs,
-without checkpointing's recomputation. MFU divides by the peak of one device in the run's compute dtype:
-``peak_flops_per_s`` if set, else :func:`modelwright.measure.hardware_peak`, else Lightning's GPU table; the
-record says which, and how.
+FLOPs are counted once, before the first step is timed (model FLOPs: no recomputation). MFU's peak is
+``peak_flops_per_s`` if set, else :func:`modelwright.measure.hardware_peak`, else Lightning's GPU table.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Literal
+from typing import Literal
 
-import lightning.pytorch as pl
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 
 from callbacks._glue import Measurement, batch_size_of, first_tensor, log_every, log_scalars, measurements, unwrap_net
-from modelwright.measure import (
-    CudaEventTimer,
-    StepCycle,
-    StepTimer,
-    compute_dtype,
-    device_sync,
-    hardware_peak,
-    mfu,
-    training_flops,
-)
+from modelwright import measure
 
 
 class StepTimeMonitor(Measurement):
@@ -47,66 +27,52 @@ class StepTimeMonitor(Measurement):
         warmup_steps: first optimizer steps not measured (allocator, cuDNN and compile warm-up).
         measure_steps: steps measured after the warm-up; ``None`` measures until the end of the fit.
         log_every_n_steps: how often to log ``perf/*``; default the Trainer's ``log_every_n_steps``.
-        cuda_timing: on CUDA, ``events`` (no host stall per step) or ``synchronize`` (a synchronize
-            before each clock reading).
+        cuda_timing: on CUDA, ``events`` (no host stall per step) or ``synchronize`` (before each clock reading).
         peak_flops_per_s: peak FLOP/s of one device in the run's compute dtype; ``None``: the hardware's.
         module_attr: attribute of the LightningModule holding the network whose FLOPs are counted.
     """
 
-    def __init__(
-        self,
-        warmup_steps: int = 2,
-        measure_steps: int | None = None,
-        log_every_n_steps: int | None = None,
-        cuda_timing: Literal["events", "synchronize"] = "events",
-        peak_flops_per_s: float | None = None,
-        module_attr: str = "net",
-    ) -> None:
+    def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None, log_every_n_steps: int | None = None,
+                 cuda_timing: Literal["events", "synchronize"] = "events", peak_flops_per_s: float | None = None,
+                 module_attr: str = "net") -> None:
         super().__init__()
         if cuda_timing not in ("events", "synchronize"):
             raise ValueError(f"StepTimeMonitor.cuda_timing: {cuda_timing!r}; valid: events, synchronize")
         if peak_flops_per_s is not None and peak_flops_per_s <= 0:
             raise ValueError(f"StepTimeMonitor.peak_flops_per_s: must be positive or null, got {peak_flops_per_s}")
         try:
-            self.timer: StepTimer = StepTimer(warmup_steps, measure_steps)
+            self.timer = measure.StepTimer(warmup_steps, measure_steps)
         except ValueError as err:
             raise ValueError(f"StepTimeMonitor: {err}") from None
-        self.warmup_steps, self.measure_steps = warmup_steps, measure_steps
-        self.log_every_n_steps = log_every_n_steps
-        self.cuda_timing = cuda_timing
-        self.peak_flops_per_s_config = peak_flops_per_s
-        self.module_attr = module_attr
-        self.cycle = StepCycle()
+        self.warmup_steps, self.measure_steps, self.log_every_n_steps = warmup_steps, measure_steps, log_every_n_steps
+        self.cuda_timing, self.peak_flops_per_s_config, self.module_attr = cuda_timing, peak_flops_per_s, module_attr
+        self.cycle, self.dtype, self._every = measure.StepCycle(), torch.float32, 1
         self.micro_batch_size: int | None = None
         self.samples_per_step: int | None = None
         self.flops_per_micro_batch: int | None = None
         self.flops_per_step: int | None = None
         self.peak: tuple[float | None, str | None, str | None] = (None, None, None)  # FLOP/s, source, method
-        self.dtype = torch.float32
-        self._every = 1
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer, pl_module) -> None:
         device = pl_module.device
         if device.type == "cuda" and self.cuda_timing == "events":
-            self.timer = CudaEventTimer(self.warmup_steps, self.measure_steps)
+            self.timer = measure.CudaEventTimer(self.warmup_steps, self.measure_steps)
         else:
-            self.timer = StepTimer(self.warmup_steps, self.measure_steps, sync=device_sync(device))
-        self.cycle = StepCycle()
-        self._every = log_every(trainer, self.log_every_n_steps)
-        self.dtype = compute_dtype(trainer.precision)
-        # One process per machine may measure the CPU clock (cached); the others would share its cores.
-        first = trainer.world_size == 1 or trainer.local_rank == 0
-        if not first:
+            self.timer = measure.StepTimer(self.warmup_steps, self.measure_steps, sync=measure.device_sync(device))
+        self.cycle, self._every = measure.StepCycle(), log_every(trainer, self.log_every_n_steps)
+        self.dtype = measure.compute_dtype(trainer.precision)
+        # One process per machine may measure the CPU clock (cached); the others would share its cores: they wait.
+        if trainer.local_rank > 0:
             trainer.strategy.barrier("modelwright-peak-flops")
         self.peak = self._peak(device)
-        if trainer.world_size > 1 and first:
+        if trainer.local_rank == 0 and trainer.world_size > 1:
             trainer.strategy.barrier("modelwright-peak-flops")
 
     def _peak(self, device: torch.device) -> tuple[float | None, str | None, str | None]:
         if self.peak_flops_per_s_config:
             return float(self.peak_flops_per_s_config), "config", "StepTimeMonitor.peak_flops_per_s"
         try:
-            peak = hardware_peak(device, self.dtype)
+            peak = measure.hardware_peak(device, self.dtype)
             if peak.flops_per_s:
                 return peak.flops_per_s, peak.source, peak.method
             table = get_available_flops(device, self.dtype)
@@ -117,55 +83,46 @@ class StepTimeMonitor(Measurement):
             return float(table), "lightning-table", "Lightning's get_available_flops"
         return None, None, peak.method
 
-    def _count_flops(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any) -> None:
-        x = first_tensor(batch)
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if not self.cycle.begin(trainer.global_step):
+            return
+        if self.micro_batch_size is None and (micro := batch_size_of(batch)) is not None:
+            self.micro_batch_size = micro
+            self.samples_per_step = micro * trainer.accumulate_grad_batches * trainer.world_size
+            self._count_flops(trainer, unwrap_net(pl_module, self.module_attr), batch)  # before the clock starts
+        self.timer.start()
+
+    def _count_flops(self, trainer, net: torch.nn.Module, batch) -> None:
         try:
-            self.flops_per_micro_batch = training_flops(unwrap_net(pl_module, self.module_attr), x)
+            self.flops_per_micro_batch = measure.training_flops(net, first_tensor(batch))
         except Exception as err:
             warnings.warn(f"StepTimeMonitor: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
             return
         self.flops_per_step = self.flops_per_micro_batch * trainer.accumulate_grad_batches
         log_scalars(trainer, {"perf/flops_per_step": self.flops_per_step, "perf/peak_flops_per_s": self.peak[0]})
 
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        if not self.cycle.begin(trainer.global_step):
-            return
-        if self.micro_batch_size is None:
-            self.micro_batch_size = batch_size_of(batch)
-            if self.micro_batch_size is not None:
-                self.samples_per_step = self.micro_batch_size * trainer.accumulate_grad_batches * trainer.world_size
-                self._count_flops(trainer, pl_module, batch)  # before the clock starts: no step is disturbed
-        self.timer.start()
-
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.cycle.end(trainer.global_step):
             return
         exclude = any(m.perturbs(self.cycle.step) for m in measurements(trainer))
         measured = self.timer.in_window() and not exclude
         self.timer.stop(exclude=exclude)
         if measured and trainer.global_step % self._every == 0:
-            dt = self.timer.last_s()  # a CUDA event timer waits for this step here, not on every step
-            log_scalars(trainer, self._scalars(dt, ""))
+            log_scalars(trainer, self._scalars(self.timer.last_s(), ""))  # a CUDA event timer waits for this step
 
     def _scalars(self, dt: float | None, suffix: str) -> dict[str, float | None]:
         return {
             f"perf/step_time{suffix}_ms": dt * 1e3 if dt else None,
             f"perf/samples_per_s{suffix}": self.samples_per_step / dt if dt and self.samples_per_step else None,
-            f"perf/mfu{suffix}": mfu(self.flops_per_step, dt, self.peak[0]),
+            f"perf/mfu{suffix}": measure.mfu(self.flops_per_step, dt, self.peak[0]),
         }
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_end(self, trainer, pl_module) -> None:
         self.timer.cancel()  # a fit that stopped mid-cycle
-        med = self.timer.median_s()
-        if med is not None:
-            p90 = self.timer.p90_s()
-            log_scalars(trainer, {**self._scalars(med, "_median"), "perf/step_time_p90_ms": p90 * 1e3})
+        if (med := self.timer.median_s()) is not None:
+            log_scalars(trainer, {**self._scalars(med, "_median"), "perf/step_time_p90_ms": self.timer.p90_s() * 1e3})
 
-    def record_sections(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, dict]:
+    def record_sections(self, trainer, pl_module) -> dict[str, dict]:
         batches = trainer.num_training_batches
         per_epoch = math.ceil(batches / trainer.accumulate_grad_batches) if math.isfinite(batches or math.inf) else None
         med = self.timer.median_s()
@@ -173,13 +130,10 @@ class StepTimeMonitor(Measurement):
         return {
             "timing": self.timer.summary(per_epoch, self.samples_per_step),
             "flops": {
-                "flops_per_step": self.flops_per_step,
-                "flops_per_micro_batch": self.flops_per_micro_batch,
+                "flops_per_step": self.flops_per_step, "flops_per_micro_batch": self.flops_per_micro_batch,
                 "achieved_flops_per_s": self.flops_per_step / med if self.flops_per_step and med else None,
-                "peak_flops_per_s": flops,
-                "peak_flops_source": source,
-                "peak_flops_method": method,
+                "peak_flops_per_s": flops, "peak_flops_source": source, "peak_flops_method": method,
                 "peak_flops_dtype": str(self.dtype).removeprefix("torch."),
-                "mfu": mfu(self.flops_per_step, med, flops),
+                "mfu": measure.mfu(self.flops_per_step, med, flops),
             },
         }

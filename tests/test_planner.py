@@ -141,3 +141,19 @@ def test_cli_errors_are_one_line(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--record" in proc.stderr
     proc = _plan("--overlap", "2", cwd=tmp_path)
     assert proc.returncode == 2 and "--overlap" in proc.stderr
+
+
+def test_cli_advisor_reads_the_studys_profile_beside_the_records(tmp_path):
+    records = tmp_path / "records.jsonl"
+    records.write_text(json.dumps(_record()) + "\n")
+    proc = _plan("--record", str(records), "--budget_gib", "1")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "no profile" in proc.stderr
+    # One profiled step without modules: 1 M fp32 parameters, AdamW: 4 + 4 + 8 B each plus the update's copy.
+    profile = {"batch_size": 128, "parameters": 1_000_000, "units": [], "storages": [], "segments": {},
+               "peak_bytes": {"buffers": 0}, "largest_param_bytes": 4_000_000}
+    (tmp_path / "profile.json").write_text(json.dumps({"run_id": "profile-x", "techniques": {"model_name": "resnet18"},
+                                                      "profile": profile}))
+    out = _plan("--record", str(records), "--budget_gib", "1")
+    assert out.returncode == 0, out.stderr
+    assert "the profile of run profile-x" in out.stdout
+    assert "Recommended: 32-true, 1 × off — predicted peak 19.1 MiB." in out.stdout  # 20 MB = 19.07 MiB

@@ -186,6 +186,16 @@ def _differences(a: dict, b: dict) -> list[str]:
     return found
 
 
+def test_validation_does_not_change_training(tmp_path, peak_cache):
+    """A validation draws no random numbers from the global generator, so how often one runs (or whether a resumed run
+    repeats one) cannot change the next epoch's shuffle, and so the weights."""
+    ends = []
+    for limit in ("0", "2"):
+        assert cli_main(_args(tmp_path / limit, "--trainer.limit_val_batches", limit)) == 0
+        ends.append(_ckpt(_last(tmp_path / limit, 0))["state_dict"])
+    assert all(torch.equal(t, ends[1][k]) for k, t in ends[0].items())
+
+
 def test_a_full_disk_keeps_the_previous_checkpoint_and_records_why_the_run_failed(tmp_path, capsys, peak_cache):
     full = {"class_path": "faults.FsyncFault", "init_args": {"step": 4, "fault": "enospc"}}
     config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=2, extra=(full,))

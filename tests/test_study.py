@@ -18,6 +18,7 @@ from modelwright import REPO_ROOT, planner
 from modelwright import __main__ as cli
 from modelwright.errors import ConfigError
 from modelwright.record import append_record, new_record, read_records
+from modelwright.report.tables import peak_mib
 from modelwright.study import budget, plan, runner
 
 SLUG = "cpu-test-2cores"
@@ -164,8 +165,15 @@ def _fake_record(batch: int, accumulate: int, per_sample: float, fixed: float = 
     return {**record, **extra}
 
 
-def _budget_study(tmp_path, entries, budget_runs):
-    study = runner.Study(plan.Plan("p", entries, budget_runs=budget_runs), _settings(), tmp_path / SLUG, tmp_path)
+def _write_profile(folder: Path, run_id: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    _write(folder / "profile.json", json.dumps({"run_id": run_id, "techniques": {"model_name": "smallcnn"},
+                                                "profile": {"activations_per_sample_mib": 1.0}}))
+
+
+def _budget_study(tmp_path, entries, budget_runs, profile=False):
+    study = runner.Study(plan.Plan("p", entries, budget_runs=budget_runs), _settings(), tmp_path / SLUG, tmp_path,
+                         profile=profile)
     ran: list[tuple[int, int, dict]] = []
 
     def fake_run(spec, progress):
@@ -196,17 +204,17 @@ def test_budget_probes_corrects_an_overshoot_then_runs_a_few_percent_over(tmp_pa
 
 def test_budget_uses_the_planner_when_the_baseline_has_a_profile(tmp_path, monkeypatch):
     entry = plan.Entry("baseline", "configs/baseline.yaml")
-    study, ran = _budget_study(tmp_path, [entry], ["baseline"])
+    _write_profile(tmp_path / SLUG, "profile0")
+    study, ran = _budget_study(tmp_path, [entry], ["baseline"], profile=True)
     main = plan.build_spec(entry, 0, _settings())
-    study.done[main.key] = _fake_record(128, 1, 1.0, profile={"activations_per_sample_mib": 1.0},
-                                        study={"name": "baseline", "kind": "run"})
+    study.done[main.key] = _fake_record(128, 1, 1.0)
     calls = []
     monkeypatch.setattr(planner, "largest_batch", lambda rec, cfg, mib: calls.append(mib) or 77, raising=False)
     monkeypatch.setattr(planner, "predict_peak_mib", lambda rec, cfg: {"total": 150.0}, raising=False)
     budget.budget_phase(study, [main], [entry], runner.Progress(0), budget_mib=200.0)
     assert calls == [200.0]
     assert [(b, x["role"]) for b, _, x in ran] == [(77, "confirm"), (81, "over")]  # no probe: 77 + ceil(3.85)
-    assert ran[0][2]["prediction"] == "planner"
+    assert ran[0][2]["prediction"] == "planner" and ran[0][2]["from_run_id"] == "profile0"
 
 
 # -- runs: predictions before, provenance, resume ------------------------------------------------------------------
@@ -215,10 +223,10 @@ def test_budget_uses_the_planner_when_the_baseline_has_a_profile(tmp_path, monke
 def test_a_run_writes_its_prediction_before_it_starts(tmp_path, monkeypatch):
     entry = plan.Entry("baseline", "configs/baseline.yaml")
     cmd = ["python", "-m", "modelwright", "study", "--repeats=2"]
-    study = runner.Study(plan.Plan("p", [entry]), _settings(), tmp_path / SLUG, tmp_path / "work", cmd=cmd)
+    _write_profile(tmp_path / SLUG, "base0")  # the baseline's profile, made before the first run
+    study = runner.Study(plan.Plan("p", [entry]), _settings(), tmp_path / SLUG, tmp_path / "work", cmd=cmd,
+                         profile=True)
     spec = plan.build_spec(entry, 0, _settings(), repeat=1)
-    study.done[("run", "earlier", 0)] = _fake_record(8, 1, 1.0, profile={"x": 1}, run_id="base0",
-                                                     study={"name": "baseline", "kind": "run"})
     monkeypatch.setattr(planner, "predict_peak_mib", lambda rec, cfg: {"total": 12.5}, raising=False)
     seen = {}
 
@@ -392,11 +400,11 @@ def test_tiny_study_confirms_the_budget_batch_and_one_a_few_percent_over(tiny_st
     budget_mib = 0.03 * 1024
     assert confirm["study"]["role"] == "confirm" and confirm["study"]["predicted_batch"] > 8
     assert confirm["techniques"]["micro_batch_size"] == confirm["study"]["predicted_batch"]
-    assert budget.record_peak_mib(confirm) <= budget_mib
-    assert budget.record_peak_mib(confirm) == pytest.approx(confirm["study"]["predicted_peak_mib"], rel=0.1)
+    assert peak_mib(confirm) <= budget_mib
+    assert peak_mib(confirm) == pytest.approx(confirm["study"]["predicted_peak_mib"], rel=0.1)
     b = confirm["techniques"]["micro_batch_size"]
     assert over["study"]["role"] == "over" and over["techniques"]["micro_batch_size"] == b + math.ceil(0.05 * b)
-    assert budget.record_peak_mib(over) > budget.record_peak_mib(confirm)
+    assert peak_mib(over) > peak_mib(confirm)
 
 
 def test_a_rerun_skips_what_is_recorded(tiny_study, capsys):

@@ -1,12 +1,7 @@
 """The run record: one JSON object per run, whatever loop produced it; its typed schema, validation and files.
 
-To run (regenerates docs/record-schema.md from the schema): ``uv run python -m modelwright.record``
-
-:class:`RunRecord` and its section dataclasses are the one schema: each field carries its doc, unit and allowed
-values; :func:`validate_record` walks them and :func:`schema_markdown` writes the document from them.
+To run (regenerates the tables of docs/record-schema.md from the schema): ``uv run python -m modelwright.record``
 """
-
-from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
@@ -14,10 +9,10 @@ import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
-import types
 import typing
 import uuid
 import warnings
@@ -39,8 +34,8 @@ class RecordError(ValueError):
 
 def _f(doc: str, unit: str | None = None, *, choices: tuple | None = None, signed: bool = False,
        key: str | None = None, optional: bool = False, default: Any = None) -> Any:
-    """A schema field: its doc, unit, allowed values, whether a number may be negative, JSON key (if not its
-    name), whether the key may be absent; a class ``default`` is a factory."""
+    """A schema field; ``key``: its JSON name if not its own; ``signed``: may be negative; ``optional``: may be
+    absent; a class ``default`` is a factory."""
     meta = {"doc": doc, "unit": unit, "choices": choices, "signed": signed, "key": key, "optional": optional}
     if isinstance(default, type):
         return dataclasses.field(default_factory=default, metadata=meta)
@@ -216,60 +211,44 @@ METRIC_KEYS = tuple(f.metadata["key"] for f in dataclasses.fields(Metrics))
 
 
 @functools.cache
-def schema_fields(cls: type = RunRecord) -> tuple[tuple[str, Any, Any, tuple], ...]:
-    """``cls``'s fields as ``(JSON key, metadata, section class or None, accepted types)``; ``None`` in the
+def schema_fields(cls: type = RunRecord) -> tuple[tuple[str, dict, type | None, tuple], ...]:
+    """``cls``'s fields as ``(JSON key, metadata, section class or None, accepted types)``; ``None`` among the
     types allows null, ``dict`` stands for a section."""
     out = []
     for f in dataclasses.fields(cls):
-        hint = typing.get_type_hints(cls)[f.name]
-        args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        args = typing.get_args(f.type) or (f.type,)
         section = next((a for a in args if dataclasses.is_dataclass(a)), None)
-        accepted = tuple(None if a is type(None) else dict if a is section else typing.get_origin(a) or a for a in args)
+        accepted = tuple(None if a is type(None) else dict if a is section else a for a in args)
         out.append((f.metadata["key"] or f.name, f.metadata, section, accepted))
     return tuple(out)
 
 
 def _type_ok(value: Any, accepted: tuple) -> bool:
+    """JSON's view of types: an int is also a float, a bool is not an int."""
     if value is None or isinstance(value, bool):
         return (None if value is None else bool) in accepted
-    if isinstance(value, int) and (int in accepted or float in accepted):
+    if isinstance(value, int) and float in accepted:
         return True
-    return any(t is not None and t not in (int, bool) and isinstance(value, t) for t in accepted)
+    return any(t is not None and isinstance(value, t) for t in accepted)
 
 
-def _check(path: str, value: Any, accepted: tuple, errors: list[str], choices: tuple | None = None,
-           signed: bool = False) -> None:
-    if not _type_ok(value, accepted):
-        names = " | ".join("null" if t is None else t.__name__ for t in accepted)
-        errors.append(f"{path}: expected {names}, got {type(value).__name__} {value!r:.60}")
-    elif choices is not None and value not in choices:
-        errors.append(f"{path}: {value!r} is not one of {list(choices)}")
-    elif isinstance(value, float) and not math.isfinite(value):
-        errors.append(f"{path}: non-finite number {value!r}")
-    elif not signed and isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-        errors.append(f"{path}: negative value {value!r}")
-
-
-def _check_section(prefix: str, record: Mapping, cls: type, errors: list[str]) -> None:
+def _check(prefix: str, record: Mapping, cls: type, errors: list[str]) -> None:
     for key, meta, section, accepted in schema_fields(cls):
         path, value = prefix + key, record.get(key)
         if key not in record:
             if not meta["optional"]:
                 errors.append(f"{path}: missing")
         elif section is not None and isinstance(value, Mapping):
-            _check_section(path + ".", value, section, errors)
-        else:
-            _check(path, value, accepted, errors, meta["choices"], meta["signed"])
-
-
-def get_path(mapping: Any, path: str, default: Any = None) -> Any:
-    """``mapping["a"]["b"]`` for ``path`` ``"a.b"``; ``default`` where a part is missing."""
-    node: Any = mapping
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
+            _check(path + ".", value, section, errors)
+        elif not _type_ok(value, accepted):
+            names = " | ".join("null" if t is None else t.__name__ for t in accepted)
+            errors.append(f"{path}: expected {names}, got {type(value).__name__} {value!r:.60}")
+        elif meta["choices"] is not None and value not in meta["choices"]:
+            errors.append(f"{path}: {value!r} is not one of {list(meta['choices'])}")
+        elif isinstance(value, float) and not math.isfinite(value):
+            errors.append(f"{path}: non-finite number {value!r}")
+        elif not meta["signed"] and type(value) in (int, float) and value < 0:
+            errors.append(f"{path}: negative value {value!r}")
 
 
 def validate_record(record: Any) -> list[str]:
@@ -277,7 +256,7 @@ def validate_record(record: Any) -> list[str]:
     if not isinstance(record, Mapping):
         return [f"record: expected an object, got {type(record).__name__}"]
     errors: list[str] = []
-    _check_section("", record, RunRecord, errors)
+    _check("", record, RunRecord, errors)
     if any(e.startswith("schema_version") for e in errors):
         return errors
     history = record.get("history")
@@ -294,10 +273,9 @@ def validate_record(record: Any) -> list[str]:
             last = point[0]
     if record.get("status") in ("failed", "interrupted", "oom") and not record.get("error"):
         errors.append(f"error: status {record['status']!r} needs a one-line error message")
-    tech = record.get("techniques") if isinstance(record.get("techniques"), Mapping) else {}
-    parts = [tech.get(k) for k in ("micro_batch_size", "accumulate_grad_batches", "world_size")]
-    eff = tech.get("effective_batch_size")
-    if all(isinstance(p, int) for p in parts) and isinstance(eff, int) and eff != math.prod(parts):
+    parts = [get_path(record, f"techniques.{k}") for k in ("micro_batch_size", "accumulate_grad_batches", "world_size")]
+    eff = get_path(record, "techniques.effective_batch_size")
+    if all(isinstance(p, int) for p in [*parts, eff]) and eff != math.prod(parts):
         errors.append(f"techniques.effective_batch_size: {eff} != micro_batch_size × accumulate_grad_batches × "
                       f"world_size = {math.prod(parts)}")
     return errors
@@ -308,6 +286,15 @@ def check_record(record: Any) -> None:
     errors = validate_record(record)
     if errors:
         raise RecordError("invalid run record:\n" + "\n".join(errors))
+
+
+def get_path(mapping: Any, path: str, default: Any = None) -> Any:
+    """``mapping["a"]["b"]`` for ``path`` ``"a.b"``; ``default`` where a part is missing."""
+    for part in path.split("."):
+        if not isinstance(mapping, Mapping) or part not in mapping:
+            return default
+        mapping = mapping[part]
+    return mapping
 
 
 def now_iso() -> str:
@@ -323,10 +310,8 @@ def _as_dict(obj: Any) -> Any:
 
 
 def new_record(run_id: str | None = None, loop: str = "lightning", command: list[str] | None = None) -> dict[str, Any]:
-    """A record with every key of the schema and its :func:`provenance`: nothing measured yet, status ok.
-    The default ``run_id`` sorts by time: ``20250101T120000Z-1a2b3c4d``."""
-    run_id = run_id or f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
-    return {**_as_dict(RunRecord(run_id=run_id, loop=loop, created_at=now_iso())), "provenance": provenance(command)}
+    """A record with every key of the schema and its :func:`provenance`: nothing measured yet, status ok."""
+    return build_record(loop=loop, run_id=run_id, command=command)
 
 
 def provenance(command: list[str] | None = None) -> dict[str, Any]:
@@ -346,16 +331,13 @@ def provenance(command: list[str] | None = None) -> dict[str, Any]:
             "command": line or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "definitions": DEFINITIONS_VERSION}
 
 
-def build_record(*, loop: str, status: str = "ok", error: str | None = None, run_id: str | None = None,
+def build_record(*, loop: str = "lightning", status: str = "ok", error: str | None = None, run_id: str | None = None,
                  command: list[str] | None = None, **sections: Any) -> dict[str, Any]:
-    """The one way to make a run record, whatever produced it (a callback, the Accelerate loop, the study).
-
-    ``sections`` are the record's top-level keys (``config``, ``techniques``, ..., ``history``, and the optional
-    ``faults``, ``profile``, ``prediction``, ``study``); a section of the schema is merged over its skeleton, so a
-    writer gives only what it measured. The result is JSON-ready and carries its :func:`provenance`.
-    """
-    record = new_record(run_id=run_id, loop=loop, command=command)
-    record["status"], record["error"] = status, error
+    """The one way to make a run record, whatever produced it: ``sections`` (top-level keys) of the schema are
+    merged over their skeleton, so a writer gives only what it measured. The default ``run_id`` sorts by time."""
+    run_id = run_id or f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    record = _as_dict(RunRecord(run_id=run_id, status=status, error=error, loop=loop, created_at=now_iso()))
+    record["provenance"] = provenance(command)
     for key, value in sections.items():
         if isinstance(record.get(key), dict) and isinstance(value, Mapping) and key not in ("config", "history"):
             record[key] = {**record[key], **value}
@@ -393,11 +375,8 @@ def _dumps(record: Mapping, validate: bool, indent: int | None = None) -> str:
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
-    """``write(file)`` into a temp file in ``path``'s folder, fsync, ``os.replace`` onto ``path``, mode 0644.
-
-    A kill or a full disk leaves the previous file whole (the temp file is removed when the write fails); the
-    ``OSError`` of a failed write names ``path``.
-    """
+    """``write(file)`` into a temp file beside ``path``, fsync, ``os.replace`` onto ``path``, mode 0644: a kill or
+    a full disk leaves the previous file whole and no temp file; a failed write's ``OSError`` names ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -417,22 +396,17 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` with :func:`write_atomic`."""
     return write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def write_record(path: str | os.PathLike, record: Mapping, validate: bool = True) -> Path:
-    """Write one record to ``path`` with :func:`write_text_atomic`, validated unless told not to."""
+    """Write one record to ``path`` atomically, validated unless told not to."""
     return write_text_atomic(path, _dumps(record, validate, indent=2) + "\n")
 
 
 def append_record(jsonl_path: str | os.PathLike, record: Mapping, validate: bool = True) -> Path:
-    """Append the record as one line to ``jsonl_path``.
-
-    The line goes out in a single ``write`` on an ``O_APPEND`` descriptor, then ``fsync``: concurrent writers on
-    one machine do not interleave. A torn last line (a file not ending in a newline, left by a crash) is
-    terminated first, so the new record starts on a line of its own; :func:`read_records` skips the torn one.
-    """
+    """Append the record as one line: a single ``write`` on an ``O_APPEND`` descriptor, so that concurrent writers
+    on one machine do not interleave; a torn last line (a crash) is terminated first, for the new line's sake."""
     path = Path(jsonl_path)
     data = (_dumps(record, validate) + "\n").encode("utf-8")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -461,53 +435,39 @@ def read_record(path: str | os.PathLike, validate: bool = True) -> dict[str, Any
 def read_records(jsonl_path: str | os.PathLike, validate: bool = False) -> list[dict[str, Any]]:
     """The records of a ``.jsonl`` file, in order; a line that is not a JSON object (a torn write, a hand edit),
     or with ``validate`` one that does not match the schema, is skipped with a warning naming file and line."""
-    path = Path(jsonl_path)
     records: list[dict[str, Any]] = []
-    with path.open("rb") as f:
+    with Path(jsonl_path).open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
             try:
                 record = json.loads(raw.decode("utf-8"))
             except (UnicodeDecodeError, ValueError) as err:
-                warnings.warn(f"{path}:{lineno}: skipped damaged record line ({err})", stacklevel=2)
+                warnings.warn(f"{jsonl_path}:{lineno}: skipped damaged record line ({err})", stacklevel=2)
                 continue
-            problems = (validate_record(record) if validate else []) if isinstance(record, dict) \
-                else ["not a JSON object"]
+            problems = validate_record(record) if validate or not isinstance(record, dict) else []
             if problems:
-                warnings.warn(f"{path}:{lineno}: skipped invalid record ({problems[0]})", stacklevel=2)
-                continue
-            records.append(record)
+                warnings.warn(f"{jsonl_path}:{lineno}: skipped invalid record ({problems[0]})", stacklevel=2)
+            else:
+                records.append(record)
     return records
 
 
-_DOC_HEAD = """# The run record (schema version {version})
-
-<!-- Generated by `uv run python -m modelwright.record` from modelwright/record.py; edit the code, not this file. -->
-
-Every training run writes one JSON object, the *run record*, whatever loop produced it (Lightning, Accelerate,
-a plain loop); reports and the planner read records, never logs. `build_record(...)` makes one;
-`write_record` (atomic, mode 0644), `append_record` (one line of a `.jsonl`, a torn last line terminated first),
-`read_records` (skips damaged lines with a warning), `read_record`; `validate_record` lists every problem.
-
-- Every key below is present, except those marked *optional*; a value is `null` where it was not measured or
-  does not apply. Extra keys are allowed; renaming or removing a key needs a new `schema_version`.
-- Units are in the names: `_mib` = 2^20 bytes, `_ms`, `_s`, `_per_s`. FLOPs count a multiply-add as 2.
-- "Step" means optimizer step: with gradient accumulation one step is `accumulate_grad_batches` micro-batches.
-- Measurements are rank 0's; FLOP/s figures are per device. Numbers are never negative, except metrics.
-  Non-finite numbers are written as `null`.
-"""
+SCHEMA_DOC = REPO_ROOT / "docs" / "record-schema.md"
 
 
 def schema_markdown() -> str:
-    """``docs/record-schema.md``, written from :class:`RunRecord` and its sections."""
-    parts, sections = [_DOC_HEAD.format(version=SCHEMA_VERSION)], [RunRecord]
-    for cls in sections:
-        parts += ["## Top level" if cls is RunRecord else f"## `{cls.__name__.lower()}`", "",
-                  *([] if cls is RunRecord else [" ".join(cls.__doc__.split()), ""]),
-                  "| key | type | unit | meaning |", "|---|---|---|---|"]
+    """:data:`SCHEMA_DOC`: its prose before the first table as written there, the tables from :class:`RunRecord`
+    and its sections."""
+    head = SCHEMA_DOC.read_text(encoding="utf-8").split("\n## ")[0].rstrip("\n")
+    parts = [re.sub(r"schema version \d+", f"schema version {SCHEMA_VERSION}", head, count=1), ""]
+    sections = [RunRecord]
+    for cls in sections:  # grows as sections are met: breadth first
+        name = cls.__name__.lower()
+        parts += ["## Top level"] if cls is RunRecord else [f"## `{name}`", "", " ".join(cls.__doc__.split())]
+        parts += ["", "| key | type | unit | meaning |", "|---|---|---|---|"]
         for key, meta, section, accepted in schema_fields(cls):
-            kind = " \\| ".join("null" if t is None else "object" if t is dict and section else t.__name__
+            kind = " \\| ".join("null" if t is None else "object" if section and t is dict else t.__name__
                                 for t in accepted)
             doc = meta["doc"]
             if section is not None:
@@ -521,4 +481,4 @@ def schema_markdown() -> str:
 
 
 if __name__ == "__main__":
-    print(write_text_atomic(REPO_ROOT / "docs" / "record-schema.md", schema_markdown()))
+    print(write_text_atomic(SCHEMA_DOC, schema_markdown()))

@@ -41,7 +41,7 @@ MIXED_PRECISION = {"32-true": "no", "32": "no", "bf16-mixed": "bf16", "bf16": "b
 @dataclass
 class TrainerArgs:
     """``trainer:``: the keys the loop applies; then Lightning's plumbing (devices: the launcher decides;
-    logger: only its ``init_args.name``; callbacks, checkpoints, progress bar), accepted and ignored."""
+    logger: only its ``init_args.name``; callbacks, plugins, checkpoints, progress bar), accepted and ignored."""
 
     precision: str | int = "32-true"
     accumulate_grad_batches: int = 1
@@ -59,6 +59,7 @@ class TrainerArgs:
     num_nodes: int = 1
     logger: bool | dict | None = None
     callbacks: list | dict | None = field(default_factory=list)
+    plugins: list | dict | None = None
     enable_checkpointing: bool | None = None
     enable_progress_bar: bool | None = None
     enable_model_summary: bool | None = None

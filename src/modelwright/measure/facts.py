@@ -16,7 +16,7 @@ MIB = 2**20
 
 def as_device(device: torch.device | str | None) -> torch.device:
     """``device`` as a ``torch.device``; ``None`` is the CPU."""
-    return torch.device(device) if device is not None else torch.device("cpu")
+    return torch.device(device or "cpu")
 
 
 def cuda_device(device: torch.device | str | None) -> torch.device | None:
@@ -33,18 +33,12 @@ def available_cpus() -> int | None:
 @functools.cache
 def cpuinfo() -> dict[str, str]:
     """The first processor's ``/proc/cpuinfo`` entries (``model name``, ``flags``, ``cpu MHz``, ...); {} elsewhere."""
-    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip() and info:
-                    break
-                key, sep, value = line.partition(":")
-                if sep:
-                    info.setdefault(key.strip(), value.strip())
+            first = f.read().split("\n\n")[0]  # the first processor's block
     except OSError:
-        pass
-    return info
+        return {}
+    return {k.strip(): v.strip() for k, sep, v in (line.partition(":") for line in first.splitlines()) if sep}
 
 
 def cpu_model() -> str:
@@ -61,11 +55,8 @@ def device_name(device: torch.device | str | None) -> str:
 
 
 def hardware_info(device: torch.device | str | None = None, num_devices: int | None = None) -> dict[str, Any]:
-    """The record's ``hardware`` section for ``device`` (default: CUDA if present, else CPU).
-
-    ``device_memory_mib`` is the GPU's memory, or the machine's RAM on a CPU run; ``cpu_cores`` counts logical
-    CPUs, ``cpu_cores_available`` those this process may run on.
-    """
+    """The record's ``hardware`` section for ``device`` (default: CUDA if present, else CPU), with the logical
+    CPUs this process may run on (``cpu_cores_available``) and the machine's RAM (``host_memory_mib``)."""
     device = as_device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     try:
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MIB
@@ -131,11 +122,8 @@ def error_status(exception: BaseException) -> str:
     if isinstance(exception, (KeyboardInterrupt, SystemExit)):  # Ctrl-C; SIGTERM (Lightning's SIGTERMException)
         return "interrupted"
     text = str(exception).lower()
-    if isinstance(exception, (torch.OutOfMemoryError, MemoryError)) or any(
-        phrase in text for phrase in ("out of memory", "can't allocate memory")  # CUDA; CPU allocator
-    ):
-        return "oom"
-    return "failed"
+    oom = isinstance(exception, (torch.OutOfMemoryError, MemoryError))
+    return "oom" if oom or "out of memory" in text or "can't allocate memory" in text else "failed"  # CUDA; CPU
 
 
 def one_line_error(exception: BaseException) -> str:

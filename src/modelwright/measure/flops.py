@@ -1,9 +1,4 @@
-"""FLOPs of a training step, the hardware's peak FLOP/s, and MFU = achieved ÷ peak.
-
-The peak is the hardware's, never a kernel's: a GPU's dense datasheet figure for the compute dtype (TF32 for
-float32 where PyTorch allows it on Ampere and later), or on a CPU cores × FLOP/cycle of its instruction set ×
-a measured clock.
-"""
+"""FLOPs of a training step, the hardware's peak FLOP/s (never a kernel's), and MFU = achieved ÷ peak."""
 
 from __future__ import annotations
 
@@ -21,18 +16,16 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from modelwright.measure.facts import as_device, available_cpus, cpu_model, cpuinfo, cuda_device, device_name
 from modelwright.record import DEFINITIONS_VERSION, write_text_atomic
 
 
 def count_flops(fn: Callable[[], Any]) -> int:
-    """FLOPs of everything ``fn`` runs by ``torch.utils.flop_counter.FlopCounterMode``: matmuls, convolutions
-    and attention (the ops that dominate); elementwise ops, norms and the optimizer count as zero."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
-    with counter:
+    """FLOPs of everything ``fn`` runs by PyTorch's ``FlopCounterMode``: matmuls, convolutions and attention (the
+    ops that dominate); elementwise ops, norms and the optimizer count as zero."""
+    with FlopCounterMode(display=False) as counter:
         fn()
     return int(counter.get_total_flops())
 
@@ -80,9 +73,8 @@ def compute_dtype(precision: str | int | None) -> torch.dtype:
 
 def mfu(flops_per_step: float | None, step_time_s: float | None, peak_flops_per_s: float | None) -> float | None:
     """Model FLOPs utilisation: (FLOPs per step ÷ step time) ÷ peak FLOP/s."""
-    if not flops_per_step or not step_time_s or not peak_flops_per_s:
-        return None
-    return flops_per_step / step_time_s / peak_flops_per_s
+    ok = flops_per_step and step_time_s and peak_flops_per_s
+    return flops_per_step / step_time_s / peak_flops_per_s if ok else None
 
 
 class PeakFlops(NamedTuple):
@@ -186,14 +178,13 @@ def cpu_clock_hz(cache_path: str | Path | None = None) -> tuple[float | None, st
     ``/cpu_clock.json``) with its method and ``DEFINITIONS_VERSION``; another method or version is measured again.
     """
     cache_dir = os.environ.get("MODELWRIGHT_CACHE_DIR") or Path.home() / ".cache" / "modelwright"
-    path = Path(cache_path) if cache_path is not None else Path(cache_dir) / "cpu_clock.json"
+    path = Path(cache_path or Path(cache_dir) / "cpu_clock.json")
     try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
+        cache = dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):  # none yet, or damaged
         cache = {}
-    cache = cache if isinstance(cache, dict) else {}
-    entry, current = cache.get(cpu_model()), {"method": CLOCK_METHOD, "definitions": DEFINITIONS_VERSION}
-    if isinstance(entry, dict) and {k: entry.get(k) for k in current} == current:
+    current = {"method": CLOCK_METHOD, "definitions": DEFINITIONS_VERSION}
+    if isinstance(entry := cache.get(cpu_model()), dict) and current.items() <= entry.items():
         return float(entry["clock_hz"]), CLOCK_METHOD
     hz = _timed_add_loop_hz()
     if hz is None:

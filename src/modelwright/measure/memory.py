@@ -1,7 +1,4 @@
-"""Peak memory: the CUDA allocator's window, process RSS, and the tensor anatomy of one step.
-
-:class:`MemoryAnatomy` is the only code that touches PyTorch's private ``torch.distributed._tools.mem_tracker``.
-"""
+"""Peak memory: the CUDA allocator's window, process RSS, and the tensor anatomy of one step."""
 
 from __future__ import annotations
 
@@ -44,10 +41,8 @@ def reset_peak_memory(device: torch.device | str | None) -> bool:
 def peak_memory_mib(device: torch.device | str | None) -> dict[str, float | None]:
     """The CUDA allocator's ``max_memory_allocated`` / ``max_memory_reserved`` since the last reset; None on CPU."""
     device = cuda_device(device)
-    return {
-        "peak_allocated_mib": None if device is None else torch.cuda.max_memory_allocated(device) / MIB,
-        "peak_reserved_mib": None if device is None else torch.cuda.max_memory_reserved(device) / MIB,
-    }
+    return {f"peak_{kind}_mib": None if device is None else getattr(torch.cuda, f"max_memory_{kind}")(device) / MIB
+            for kind in ("allocated", "reserved")}
 
 
 def process_rss_peak_mib() -> float | None:
@@ -71,28 +66,20 @@ class AnatomyUnavailable(RuntimeError):
 
 
 class MemoryAnatomy:
-    """Where the tensor memory of a captured region (``with anatomy.capture(model, [optimizer]):``) went.
-
-    Storages made inside are filed under ``record.ANATOMY_CATEGORIES``: activations in forward, temporaries in
-    backward, optimizer state in the optimizer's update; parameters, buffers, gradients and optimizer state are
-    registered at :meth:`start`. Outside every forward, backward and update, an op on inputs or untracked
-    tensors only (indexing a dataset, collating, moving a batch) makes ``inputs``, reported but not in ``total``
-    nor the peak; :meth:`register` files tensors explicitly. Tensors handed to an all-reduce (DDP's buckets) are
-    ``comm_buffers``. :attr:`peak_bytes` (when ``total`` was highest) and :attr:`end_bytes` (at :meth:`stop`)
-    are bytes by category plus ``total``. More than 1 MiB of activations alive at the end, or a compiled module
+    """Where the tensor memory of a captured region (``with anatomy.capture(model, [optimizer]):``) went, by
+    ``record.ANATOMY_CATEGORIES`` (docs/measurement.md): :attr:`peak_bytes` when ``total`` was highest,
+    :attr:`end_bytes` at :meth:`stop`. Work outside every forward, backward and update on inputs or untracked
+    tensors only (indexing a dataset, collating) makes ``inputs``, kept out of ``total`` and the peak;
+    :meth:`register` files tensors explicitly. Activations above 1 MiB alive at the end, or a compiled module
     (not measured: it would run eagerly), set :attr:`caveat`.
 
     Gradient accumulation needs :meth:`next_micro_batch` between forwards of the root module. Where forward and
     backward run inside ``optimizer.step(closure)`` (Lightning), ``explicit_optimizer_update`` counts optimizer
     state only after :meth:`optimizer_update` (call it where the update begins: ``on_before_optimizer_step``).
-
-    Args:
-        device: the device whose memory to report; default: the one with the largest peak.
-        explicit_optimizer_update: see above.
     """
 
     def __init__(self, device: torch.device | str | None = None, explicit_optimizer_update: bool = False) -> None:
-        self.device = torch.device(device) if device is not None else None
+        self.device = torch.device(device) if device is not None else None  # None: the one with the largest peak
         self.explicit_optimizer_update = explicit_optimizer_update
         self._tracker: Any = None
         self._pending: list[tuple[torch.Tensor, str]] = []
@@ -155,10 +142,7 @@ class MemoryAnatomy:
             end, peak = tracker.get_tracker_snapshot("current"), tracker.get_tracker_snapshot("peak")
         finally:
             tracker.__exit__(None, None, None)
-        device = self.device
-        if device is None:
-            totals = {d: s.get("Total", 0) for d, s in peak.items()}
-            device = max(totals, key=totals.get) if totals else torch.device("cpu")
+        device = self.device or max(peak, key=lambda d: peak[d].get("Total", 0), default=torch.device("cpu"))
         self.peak_bytes, self.end_bytes = _ours(peak, device), _ours(end, device)
         left = self.end_bytes["activations"]
         if left > MIB:
@@ -192,8 +176,7 @@ def _ours(snapshots: dict, device: torch.device) -> dict[str, int]:
                  and (device.index is None or torch.device(dev).index in (None, device.index))), {})
     out = dict.fromkeys(ANATOMY_CATEGORIES, 0)
     for key, value in snap.items():
-        name = _TRACKER_TO_OURS.get(_name(key))
-        if name is not None:
+        if (name := _TRACKER_TO_OURS.get(_name(key))) is not None:
             out[name] += int(value)
     out["total"] = sum(v for k, v in out.items() if k != "inputs")
     return out
@@ -210,11 +193,7 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 @functools.cache
 def _tracker_class() -> type:
     """``MemTracker`` plus inputs and communication buffers, closure-aware optimizer state, a peak without inputs.
-
-    Relies on private members of PyTorch's tracker (``_WINFO``, ``_curr_mem_snap``, ``_peak_mem_snap``,
-    ``_ref_class``, ``_track``, ``_in_opt``, ``_mod_tracker``, ``_update_and_maybe_create_winfos``);
-    ``tests/test_measure.py`` breaks first if they change.
-    """
+    It relies on private members of PyTorch's tracker: ``tests/test_measure.py`` breaks first if they change."""
     from torch.distributed._tools.common_utils import get_untyped_storages
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.weak import WeakIdKeyDictionary

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from modelwright.measure.memory import _ours
+
 #: Modules whose ops autocast runs in 16 bits, so a weight they save becomes a 16-bit copy.
 AUTOCAST_16BIT = ("Conv1d", "Conv2d", "Conv3d", "Linear", "NonDynamicallyQuantizableLinear", "MultiheadAttention")
 
@@ -26,14 +28,9 @@ def _kind(t: torch.Tensor, batch: int) -> str:
     return "batch" if t.dim() >= 2 and t.shape[0] % batch == 0 else "fixed"
 
 
-def profile_step(
-    model: nn.Module,
-    step: Callable[[], Any],
-    batch_size: int,
-    optimizers: Sequence[torch.optim.Optimizer] = (),
-    inputs: Sequence[torch.Tensor] = (),
-    segments: Mapping[str, Sequence[nn.Module]] | None = None,
-) -> dict[str, Any]:
+def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
+                 optimizers: Sequence[torch.optim.Optimizer] = (), inputs: Sequence[torch.Tensor] = (),
+                 segments: Mapping[str, Sequence[nn.Module]] | None = None) -> dict[str, Any]:
     """Run ``step`` (one forward, backward and optimizer step of ``batch_size`` samples on ``inputs``, the batch
     made before it) once and return its JSON-ready profile, sizes in bytes; see the module docstring.
 
@@ -102,18 +99,13 @@ def profile_step(
         for h in hooks:
             h.remove()
     dev = next(model.parameters()).device
-
-    def ours(snap: Mapping) -> dict[str, int]:
-        return {str(getattr(k, "value", k)): int(v) for k, v in snap.get(dev, snap.get(str(dev), {})).items()}
-
     for mod, i in unit_of.items():
         stats = tracker.memory_tracking.get(mod) if mod is not None else None
         points = stats.snapshots.get(_ModState.PEAK_BW) if stats is not None else None
         if points and not any(True for _ in mod.children()):
-            s = ours(points[-1])
-            units[i]["backward"] = {k: s.get(v, 0) for k, v in
-                                    (("gradients", "Gradient"), ("activations", "Activation"), ("temporaries", "Temp"))}
-    peak = ours(tracker.get_tracker_snapshot("peak"))
+            s = _ours(points[-1], dev)
+            units[i]["backward"] = {k: s[k] for k in ("gradients", "activations", "temporaries")}
+    peak = _ours(tracker.get_tracker_snapshot("peak"), dev)
     return {
         "version": 1, "batch_size": batch_size, "units": units, "storages": list(storages.values()),
         "segments": {g: [{"input_bytes": inp[1], "input_kind": inp[2], "input_owner": storages.get(inp[0], [None])[0],
@@ -122,8 +114,6 @@ def profile_step(
                      for g, mods in segments.items()},
         "parameters": sum(p.numel() for p in model.parameters()),
         "largest_param_bytes": max(p.numel() * p.element_size() for p in model.parameters()),
-        "peak_bytes": {k: peak.get(v, 0) for k, v in (
-            ("parameters", "Parameter"), ("buffers", "Buffer"), ("gradients", "Gradient"),
-            ("optimizer_state", "Optstate"), ("activations", "Activation"), ("temporaries", "Temp"),
-            ("total", "Total"))},
+        "peak_bytes": {k: peak[k] for k in ("parameters", "buffers", "gradients", "optimizer_state", "activations",
+                                            "temporaries", "total")},
     }

@@ -17,14 +17,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0..100) with linear interpolation (numpy's default method)."""
     if not values:
         raise ValueError("percentile of an empty sequence")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
+    xs, pos = sorted(values), (len(values) - 1) * q / 100.0
     lo = math.floor(pos)
     return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
-
-
-def _noop() -> None:
-    return None
 
 
 def device_sync(device: torch.device | str | None) -> Callable[[], None]:
@@ -36,7 +31,7 @@ def device_sync(device: torch.device | str | None) -> Callable[[], None]:
         return torch.mps.synchronize
     if device.type == "xpu" and hasattr(torch, "xpu"):
         return lambda: torch.xpu.synchronize(device)
-    return _noop
+    return lambda: None
 
 
 @dataclass(frozen=True)
@@ -55,34 +50,22 @@ class Window:
 
     def in_window(self, step: int) -> bool:
         """Whether step ``step`` (0-based, counted from the first step this run took) is measured."""
-        end = None if self.measure_steps is None else self.warmup_steps + self.measure_steps
-        return step >= self.warmup_steps and (end is None or step < end)
+        return step >= self.warmup_steps and (self.measure_steps is None
+                                              or step < self.warmup_steps + self.measure_steps)
 
 
 class StepTimer:
     """Durations of the optimizer steps inside a :class:`Window`: :meth:`start` when a step begins, :meth:`stop`
-    when it ends.
-
-    With a host clock the device is synchronized before each reading, so queued kernels fall inside their
-    step. With ``cuda_events`` CUDA events are recorded instead and read lazily (when a figure is asked for, or
-    as the device finishes them), so the host never waits on the device inside the loop.
-
-    Args:
-        warmup_steps, measure_steps: the :class:`Window`.
-        clock: a monotonic clock in seconds.
-        sync: waits for the device; see :func:`device_sync`.
-        cuda_events: time with CUDA events instead of ``clock`` and ``sync``.
-    """
+    when it ends. ``sync`` (see :func:`device_sync`) runs before each reading of ``clock``, so queued kernels
+    fall inside their step."""
 
     def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None,
-                 cuda_events: bool = False) -> None:
+                 clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None) -> None:
         self.window = Window(warmup_steps, measure_steps)
-        self.clock, self.sync, self.cuda_events = clock, sync or _noop, cuda_events
+        self.clock, self.sync = clock, sync or (lambda: None)
         self.steps_seen = 0  # steps stopped, measured or not
         self.excluded_steps = 0  # steps inside the window left out on request (e.g. an anatomy capture)
         self._durations_s: list[float] = []
-        self._pending: list[tuple[Any, Any]] = []  # CUDA (start, end) events not read yet
         self._t0: Any = None
 
     def in_window(self, step_index: int | None = None) -> bool:
@@ -90,37 +73,73 @@ class StepTimer:
         return self.window.in_window(self.steps_seen if step_index is None else step_index)
 
     def _now(self) -> Any:
-        if self.cuda_events:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
         self.sync()
         return self.clock()
+
+    def _add(self, t0: Any, t1: Any) -> float | None:
+        self._durations_s.append(t1 - t0)
+        return t1 - t0
 
     def start(self) -> None:
         self._t0 = self._now()
 
     def stop(self, exclude: bool = False) -> float | None:
-        """End the current step; its duration in seconds if it was measured on the host clock, else ``None``."""
+        """End the current step; its duration in seconds if it was measured and is known now, else ``None``."""
         if self._t0 is None:
             raise RuntimeError("StepTimer.stop() without start()")
-        t0, self._t0 = self._t0, None
-        measured = self.in_window() and not exclude
-        self.excluded_steps += self.in_window() and exclude
+        t0, self._t0, in_window = self._t0, None, self.in_window()
+        self.excluded_steps += in_window and exclude
         self.steps_seen += 1
-        if self.cuda_events:
-            if measured:
-                self._pending.append((t0, self._now()))
-            self._resolve(wait=False)  # collect steps the device has finished, so few events stay pending
-            return None
-        dt = self._now() - t0
-        if measured:
-            self._durations_s.append(dt)
-        return dt if measured else None
+        return self._add(t0, self._now()) if in_window and not exclude else None
 
     def cancel(self) -> None:
         """Drop a step that was started but will not finish (a fit stopped mid-step)."""
         self._t0 = None
+
+    @property
+    def durations_s(self) -> list[float]:
+        """Measured step durations in seconds, in order."""
+        return list(self._durations_s)
+
+    def last_s(self) -> float | None:
+        return self.durations_s[-1] if self.durations_s else None
+
+    def median_s(self) -> float | None:
+        return percentile(self.durations_s, 50) if self.durations_s else None
+
+    def p90_s(self) -> float | None:
+        return percentile(self.durations_s, 90) if self.durations_s else None
+
+    def summary(self, steps_per_epoch: int | None = None, samples_per_step: int | None = None) -> dict[str, Any]:
+        """The record's ``timing`` figures (without ``wall_time_s``); ``samples_per_step`` is the global batch."""
+        d, med = self.durations_s, self.median_s()
+        figures = {"median": med, "p90": self.p90_s(), "min": min(d, default=None), "max": max(d, default=None)}
+        return {
+            "warmup_steps": self.window.warmup_steps,
+            "measured_steps": len(d),
+            **{f"step_time_{k}_ms": None if v is None else v * 1e3 for k, v in figures.items()},
+            "steps_per_epoch": steps_per_epoch,
+            "epoch_time_s": None if med is None or steps_per_epoch is None else steps_per_epoch * med,
+            "samples_per_s": samples_per_step / med if med and samples_per_step else None,
+        }
+
+
+class CudaEventTimer(StepTimer):
+    """A :class:`StepTimer` that records CUDA events and reads them lazily (when a figure is asked for, or as the
+    device finishes them), so the host never waits on the device inside the loop; :meth:`stop` returns None."""
+
+    def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None) -> None:
+        super().__init__(warmup_steps, measure_steps)
+        self._pending: list[tuple[Any, Any]] = []  # (start, end) events not read yet
+
+    def _now(self) -> Any:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _add(self, t0: Any, t1: Any) -> None:
+        self._pending.append((t0, t1))
+        self._resolve(wait=False)  # collect steps the device has finished, so few events stay pending
 
     def _resolve(self, wait: bool = True) -> None:
         while self._pending and (wait or self._pending[0][1].query()):
@@ -130,56 +149,14 @@ class StepTimer:
 
     @property
     def durations_s(self) -> list[float]:
-        """Measured step durations in seconds, in order."""
         self._resolve()
         return list(self._durations_s)
 
-    def last_s(self) -> float | None:
-        d = self.durations_s
-        return d[-1] if d else None
-
-    def median_s(self) -> float | None:
-        d = self.durations_s
-        return percentile(d, 50) if d else None
-
-    def p90_s(self) -> float | None:
-        d = self.durations_s
-        return percentile(d, 90) if d else None
-
-    def summary(self, steps_per_epoch: int | None = None, samples_per_step: int | None = None) -> dict[str, Any]:
-        """The record's ``timing`` figures (without ``wall_time_s``); ``samples_per_step`` is the global batch."""
-        d, med = self.durations_s, self.median_s()
-
-        def ms(x: float | None) -> float | None:
-            return None if x is None else x * 1e3
-
-        return {
-            "warmup_steps": self.window.warmup_steps,
-            "measured_steps": len(d),
-            "step_time_median_ms": ms(med),
-            "step_time_p90_ms": ms(self.p90_s()),
-            "step_time_min_ms": ms(min(d)) if d else None,
-            "step_time_max_ms": ms(max(d)) if d else None,
-            "steps_per_epoch": steps_per_epoch,
-            "epoch_time_s": None if med is None or steps_per_epoch is None else steps_per_epoch * med,
-            "samples_per_s": samples_per_step / med if med and samples_per_step else None,
-        }
-
-
-class CudaEventTimer(StepTimer):
-    """A :class:`StepTimer` with ``cuda_events``."""
-
-    def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None) -> None:
-        super().__init__(warmup_steps, measure_steps, cuda_events=True)
-
 
 class StepCycle:
-    """Groups micro-batches into optimizer steps by watching the optimizer-step counter.
-
-    A cycle opens at the first micro-batch after the previous one closed and closes after the first micro-batch
-    that moves the counter, so the accumulation rule (``batch_idx % k``, a short last batch of an epoch, manual
-    optimization) need not be known.
-    """
+    """Groups micro-batches into optimizer steps by watching the optimizer-step counter: a cycle opens at the first
+    micro-batch after the previous one closed and closes after the first that moves the counter, so the
+    accumulation rule (``batch_idx % k``, a short last batch of an epoch, manual optimization) need not be known."""
 
     def __init__(self) -> None:
         self.open = False

@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 from modelwright.errors import ConfigError, require
-from modelwright.planner.memory import (
-    MIB,
-    _cfg,
-    largest_batch,
-    param_state_bytes,
-    predict_peak_mib,
-    state_bytes_per_rank,
-)
+from modelwright.planner import memory
+from modelwright.planner.memory import MIB, _cfg, largest_batch, predict_peak_mib
 from modelwright.planner.scale import DEFAULT_PRICES, Assumptions, markdown_tables, predict_step, spec_from_record
 from modelwright.record import get_path, read_records
 from modelwright.report.fmt import sig, table
@@ -74,9 +69,9 @@ def options(profile_record: Mapping, config: Mapping, batch: int, records: Seque
 def shardings(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float) -> list[tuple[str, int, float]]:
     """The fewest ranks at which ZeRO-1, ZeRO-2 and FSDP2 fit ``budget_mib`` (per-rank batch = batch / N)."""
     psi = profile_record.get("profile", profile_record)["parameters"]
-    state = param_state_bytes(str(_cfg(config, "trainer.precision", "32-true")),
-                              str(_cfg(config, "model.optimizer", "adamw")))
-    full, found = state_bytes_per_rank(psi, state, "dp", 1), []
+    state = memory.param_state_bytes(str(_cfg(config, "trainer.precision", "32-true")),
+                                     str(_cfg(config, "model.optimizer", "adamw")))
+    full, found = memory.state_bytes_per_rank(psi, state, "dp", 1), []
     for name in ("zero1", "zero2", "fsdp"):
         for n in (2, 4, 8, 16, 32, 64, 128, 256, 512):
             if batch % n:
@@ -86,7 +81,7 @@ def shardings(profile_record: Mapping, config: Mapping, batch: int, budget_mib: 
                 fsdp = {**cfg, "trainer.strategy": "fsdp", "trainer.devices": n}
                 peak = predict_peak_mib(profile_record, fsdp)["total"]
             else:  # ZeRO-1/2: one device's peak less the state they shard away
-                sharded = state_bytes_per_rank(psi, state, name, n)
+                sharded = memory.state_bytes_per_rank(psi, state, name, n)
                 peak = predict_peak_mib(profile_record, cfg)["total"] - sum(full[k] - sharded[k] for k in full) / MIB
             if peak <= budget_mib:
                 found.append((name, n, peak))
@@ -123,21 +118,11 @@ def advise(profile_record: Mapping, config: Mapping, batch: int, budget_mib: flo
     return "\n".join(lines)
 
 
-def plan(
-    record: Path | None = None,
-    run_id: str | None = None,
-    model: str | None = None,
-    batch: int | None = None,
-    budget_gib: float | None = None,
-    devices: list[int] = [1, 8, 64],  # noqa: B006 (jsonargparse reads the default)
-    device: str = "H100 SXM",
-    overlap: float = 1.0,
-    price_per_hour: float | None = None,
-    gpu_step_time_ms: float | None = None,
-    price_cpu_step_time: bool = False,
-    epochs: float = 100,
-    dataset_size: int = 50_000,
-) -> None:
+def plan(record: Path | None = None, run_id: str | None = None, model: str | None = None, batch: int | None = None,
+         budget_gib: float | None = None, devices: list[int] = [1, 8, 64],  # noqa: B006 (jsonargparse reads it)
+         device: str = "H100 SXM", overlap: float = 1.0, price_per_hour: float | None = None,
+         gpu_step_time_ms: float | None = None, price_cpu_step_time: bool = False, epochs: float = 100,
+         dataset_size: int = 50_000) -> None:
     """Print the planner's Markdown: the advisor for a memory budget, or the scaling tables.
 
     Args:
@@ -145,7 +130,8 @@ def plan(
         run_id: the record to plan from (default: the single-device baseline, a profiled one first).
         model: the model whose baseline to use (resnet18, smallcnn, vit).
         batch: samples per optimizer step for the advisor (default: the record's).
-        budget_gib: memory per device in GiB; with it the advisor runs (on CPU: tensor bytes, not RSS).
+        budget_gib: memory per device in GiB; with it the advisor runs (on CPU: tensor bytes, not RSS), from the
+            record's profile or the study's profile.json beside the records.
         devices: device counts N for the scaling tables.
         device: the GPU priced and networked (a key of DEFAULT_PRICES).
         overlap: share of the backward pass that communication hides behind, in [0, 1].
@@ -174,10 +160,12 @@ def plan(
             f"{' of ' + model if model else ''} in {str(record)!r}")
     rec, cpu = matches[0], get_path(matches[0], "hardware.accelerator") == "cpu"
     if budget_gib is not None:
-        require("profile" in rec, f"--record: run {rec.get('run_id')} has no profile; profile a baseline step first")
         require(budget_gib > 0, f"--budget_gib: must be > 0, got {budget_gib}")
-        print(advise(rec, rec.get("config", {}), batch or int(rec["profile"]["batch_size"]), budget_gib * 1024,
-                     ok, " of tensor memory (CPU: tensor bytes, not process RSS)" if cpu else ""))
+        profile = rec if "profile" in rec else _study_profile(Path(record), get_path(rec, "techniques.model_name"))
+        require(profile is not None, f"--record: run {rec.get('run_id')} has no profile and there is no profile.json"
+                " of its model beside the records; run the study (it profiles the baseline) first")
+        print(advise(profile, rec.get("config", {}), batch or int(profile["profile"]["batch_size"]),
+                     budget_gib * 1024, ok, " of tensor memory (CPU: tensor bytes, not process RSS)" if cpu else ""))
         return
     try:
         spec = spec_from_record(rec)
@@ -188,3 +176,12 @@ def plan(
     a = Assumptions(device=device, overlap_fraction=overlap, usd_per_device_hour=price_per_hour)
     priced = not cpu or gpu_step_time_ms is not None or price_cpu_step_time
     print(markdown_tables(spec, devices, a, epochs, dataset_size, priced=priced))
+
+
+def _study_profile(records_path: Path, model: str | None) -> dict | None:
+    """The study's ``profile.json`` beside ``records_path`` (one profiled baseline step), if it is of ``model``."""
+    try:
+        saved = json.loads(records_path.with_name("profile.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return saved if get_path(saved, "techniques.model_name") == model and "profile" in saved else None

@@ -10,12 +10,31 @@ from modelwright.errors import ConfigError, require
 from modelwright.record import get_path
 
 MIB = 2**20
+# (weights, grads, master copy, bytes per optimizer-state word, grads on the wire, regime). Torch autocast keeps fp32
+# weights and .grad and casts copies on the fly, so the persistent state of *-mixed runs is that of 32-true.
+_REGIMES = {
+    "32-true": (4, 4, 0, 4, 4, "fp32 weights, grads and optimizer state"),
+    "bf16-mixed": (4, 4, 0, 4, 4, "torch autocast: fp32 weights and grads, 16-bit copies made on the fly"),
+    "bf16-true": (2, 2, 0, 2, 2, "weights, grads and optimizer state all in 16 bits"),
+    "playbook-mixed": (2, 2, 4, 4, 2, "16-bit weights and grads, fp32 master weights and optimizer state"),
+    "playbook-mixed-fp32-grads": (2, 6, 4, 4, 4, "as playbook-mixed plus an fp32 gradient accumulation buffer"),
+}
+_REGIMES["16-mixed"], _REGIMES["16-true"] = _REGIMES["bf16-mixed"], _REGIMES["bf16-true"]
+_STATE_WORDS = {"adamw": 2, "sgd": 1, "sgd-nomomentum": 0}  # AdamW's two moments, SGD's momentum buffer
+STRATEGIES = ("dp", "zero1", "zero2", "fsdp", "tp", "pp")
+_VALID = {"precision": tuple(_REGIMES), "optimizer": tuple(_STATE_WORDS), "strategy": STRATEGIES}
+# Lightning's names (and the short ones people type) for the planner's.
+_ALIASES = {"32": "32-true", "bf16": "bf16-mixed", "16": "16-mixed", "playbook": "playbook-mixed", "adam": "adamw",
+            "auto": "dp", "ddp": "dp", "ddp_spawn": "dp", "single_device": "dp", "zero3": "fsdp", "fsdp2": "fsdp",
+            "model_parallel": "fsdp", "deepspeed_stage_1": "zero1", "deepspeed_stage_2": "zero2",
+            "deepspeed_stage_3": "fsdp"}
 
 
 @dataclass(frozen=True)
 class ParamStateBytes:
     """Bytes per parameter as ZeRO shards them: ``weights`` (ZeRO-3), ``gradients`` (an fp32 accumulation buffer
-    included; ZeRO-2), ``optimizer`` (fp32 master weights included, ZeRO's k; ZeRO-1); ``grad_comm`` on the wire."""
+    included; ZeRO-2), ``optimizer`` (fp32 master weights included, ZeRO's k; ZeRO-1); ``grad_comm`` on the wire.
+    32-true AdamW: 4 + 4 + 8 = 16; the ZeRO paper's mixed-precision Adam (``playbook-mixed``): 2 + 2 + 12 = 16."""
 
     weights: float
     gradients: float
@@ -28,47 +47,21 @@ class ParamStateBytes:
         return self.weights + self.gradients + self.optimizer
 
 
-PRECISIONS = ("32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "playbook-mixed",
-              "playbook-mixed-fp32-grads")
-OPTIMIZERS = ("adamw", "sgd", "sgd-nomomentum")
-STRATEGIES = ("dp", "zero1", "zero2", "fsdp", "tp", "pp")
-_VALID = {"precision": PRECISIONS, "optimizer": OPTIMIZERS, "strategy": STRATEGIES}
-# Lightning's names (and the short ones people type) for the planner's.
-_ALIASES = {"32": "32-true", "bf16": "bf16-mixed", "16": "16-mixed", "playbook": "playbook-mixed", "adam": "adamw",
-            "auto": "dp", "ddp": "dp", "ddp_spawn": "dp", "single_device": "dp", "zero3": "fsdp", "fsdp2": "fsdp",
-            "model_parallel": "fsdp", "deepspeed_stage_1": "zero1", "deepspeed_stage_2": "zero2",
-            "deepspeed_stage_3": "fsdp"}
-# (weights, grads, master copy, bytes per optimizer-state word, grads on the wire, regime). Torch autocast keeps fp32
-# weights and .grad and casts copies on the fly, so the persistent state of *-mixed runs is that of 32-true.
-_REGIMES = {
-    "32-true": (4, 4, 0, 4, 4, "fp32 weights, grads and optimizer state"),
-    "bf16-mixed": (4, 4, 0, 4, 4, "torch autocast: fp32 weights and grads, 16-bit copies made on the fly"),
-    "bf16-true": (2, 2, 0, 2, 2, "weights, grads and optimizer state all in 16 bits"),
-    "playbook-mixed": (2, 2, 4, 4, 2, "16-bit weights and grads, fp32 master weights and optimizer state"),
-    "playbook-mixed-fp32-grads": (2, 6, 4, 4, 4, "as playbook-mixed plus an fp32 gradient accumulation buffer"),
-}
-_REGIMES["16-mixed"], _REGIMES["16-true"] = _REGIMES["bf16-mixed"], _REGIMES["bf16-true"]
-_STATE_WORDS = {"adamw": 2, "sgd": 1, "sgd-nomomentum": 0}  # AdamW's two moments, SGD's momentum buffer
-PARAM_STATE_BYTES = {(p, o): ParamStateBytes(w, g, master + word * _STATE_WORDS[o], wire, regime)
-                     for p, (w, g, master, word, wire, regime) in _REGIMES.items() for o in OPTIMIZERS}
-"""By (precision, optimizer): 32-true AdamW 4 + 4 + 8 = 16; the ZeRO paper's mixed-precision Adam
-(``playbook-mixed``) 2 + 2 + 12 = 16 (k = 12)."""
-
-
 def normalize(key: str, name: object) -> str:
     """``name`` as one of the planner's ``key``s (precision, optimizer, strategy: aliases, Lightning's names and a
     strategy's ``{"class_path": ...}`` accepted); ConfigError naming ``key`` and the valid names if unknown."""
     if isinstance(name, Mapping):
         path = str(name.get("class_path", "")).lower()
         name = "fsdp" if "modelparallel" in path or "fsdp" in path else "dp"
-    n = str(name).strip().lower()
-    n = _ALIASES.get(n, n)
+    n = _ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
     require(n in _VALID[key], f"{key}: unknown {name!r}; valid: {', '.join(_VALID[key])}")
     return n
 
 
 def param_state_bytes(precision: str, optimizer: str) -> ParamStateBytes:
-    return PARAM_STATE_BYTES[(normalize("precision", precision), normalize("optimizer", optimizer))]
+    weights, grads, master, word, wire, regime = _REGIMES[normalize("precision", precision)]
+    words = _STATE_WORDS[normalize("optimizer", optimizer)]
+    return ParamStateBytes(weights, grads, master + word * words, wire, regime)
 
 
 def state_bytes_per_rank(num_params: float, state: ParamStateBytes, strategy: str, devices: int) -> dict[str, float]:
@@ -91,16 +84,15 @@ def _cfg(config: Mapping, key: str, default: object = None) -> object:
 
 
 def predict_peak_mib(profile_record: Mapping, config: Mapping) -> dict[str, float]:
-    """The peak tensor memory (MiB by category, and ``total``) of one rank's step under ``config``, predicted from
-    a baseline profile alone: a record with a ``profile`` of one fp32 step without checkpointing (see
-    :func:`modelwright.measure.profile.profile_step`), or the profile itself.
+    """The peak tensor memory (MiB by category, and ``total``) of one rank's step under ``config`` (nested or dotted
+    keys), predicted from a baseline profile alone: a record with a ``profile`` of one fp32 step without
+    checkpointing (:func:`modelwright.measure.profile.profile_step`), or the profile itself.
 
     The backward pass is replayed: at each module's backward peak the live memory is parameters + optimizer state +
     the gradients made so far + the saved tensors not yet released + the temporaries measured there, each rescaled
-    for ``config`` (nested or dotted keys: data.batch_size per rank, trainer.precision, accumulate_grad_batches,
-    strategy, devices, num_nodes, model.optimizer, momentum, optimizer_impl, gradient_checkpointing). DDP's
-    gradient buckets (4 B × parameters unless ``gradient_as_bucket_view``) are ``comm_buffers``; FSDP2's gathered
-    blocks (the one running and the one prefetched) are in ``parameters``.
+    for the batch, precision, accumulation, strategy and devices, optimizer and its implementation, and
+    checkpointing. DDP's gradient buckets (4 B × parameters unless ``gradient_as_bucket_view``) are
+    ``comm_buffers``; FSDP2's gathered blocks (the one running and the one prefetched) are in ``parameters``.
     """
     prof = profile_record.get("profile", profile_record)
     require(isinstance(prof, Mapping) and "units" in prof, "profile_record: has no 'profile' (profile a baseline step)")
@@ -108,8 +100,7 @@ def predict_peak_mib(profile_record: Mapping, config: Mapping) -> dict[str, floa
     optimizer = normalize("optimizer", _cfg(config, "model.optimizer", "adamw"))
     if optimizer == "sgd" and float(_cfg(config, "model.momentum", 0.9)) == 0:
         optimizer = "sgd-nomomentum"
-    state = PARAM_STATE_BYTES[(precision, optimizer)]
-    batch = int(_cfg(config, "data.batch_size", prof["batch_size"]))
+    state = param_state_bytes(precision, optimizer)
     accumulate = int(_cfg(config, "trainer.accumulate_grad_batches", 1))
     granularity = str(_cfg(config, "model.gradient_checkpointing", "off"))
     raw = _cfg(config, "trainer.strategy", "auto")
@@ -119,11 +110,11 @@ def predict_peak_mib(profile_record: Mapping, config: Mapping) -> dict[str, floa
     require(strategy in ("dp", "fsdp"), f"trainer.strategy: {strategy} memory needs a model split, not predicted")
     require(granularity == "off" or granularity in prof["segments"],
             f"model.gradient_checkpointing: the profile has no {granularity!r} segments")
-    r = batch / prof["batch_size"]
+    r = int(_cfg(config, "data.batch_size", prof["batch_size"])) / prof["batch_size"]
     autocast, half = precision.endswith("-mixed"), state.weights == 2
     narrow = 2 if autocast or half else 1  # fp32 tensors a step makes become 16-bit ones
     psi, units, storages = prof["parameters"], prof["units"], prof["storages"]
-    segs = prof["segments"].get(granularity, [])
+    segs, blocks = prof["segments"].get(granularity, []), prof["segments"].get("block", [])
     shard = n if strategy == "fsdp" else 1
 
     def seg_of(u: int | None) -> int | None:
@@ -138,38 +129,30 @@ def predict_peak_mib(profile_record: Mapping, config: Mapping) -> dict[str, floa
                 "cast": size / 2 if autocast else 0.0, "input": size * r / 2 if first_layer else 0.0}.get(kind, 0.0)
 
     first = {seg_of(u): u for u in reversed(range(len(units)))}  # each segment's first unit
-
-    def activations(u: int) -> float:
-        """Saved tensors alive at unit ``u`` in backward: everything saved up to ``u`` outside checkpointed
-        segments, ``u``'s own segment recomputed, and the inputs of the segments started so far."""
-        total = sum(act_bytes(size, kind, dtype, owner) for owner, size, kind, dtype in storages
-                    if owner <= u and seg_of(owner) in (None, seg_of(u)))
-        for j, seg in enumerate(segs):
-            kept_elsewhere = seg["input_owner"] is not None and seg_of(seg["input_owner"]) is None
-            if first.get(j, math.inf) <= u and not kept_elsewhere:
-                total += act_bytes(seg["input_bytes"], seg["input_kind"], "float32", None)
-        return total
-
-    blocks = prof["segments"].get("block", [])
     points = []
     for u, unit in enumerate(units):
-        bw = unit.get("backward")
-        if not bw:
+        if not (bw := unit.get("backward")):
             continue
+        # Saved tensors alive at unit u in backward: everything saved up to u outside checkpointed segments, u's own
+        # segment recomputed, and the inputs of the segments started so far (unless a module keeps them anyway).
+        saved = sum(act_bytes(size, kind, dtype, owner) for owner, size, kind, dtype in storages
+                    if owner <= u and seg_of(owner) in (None, seg_of(u)))
+        saved += sum(act_bytes(seg["input_bytes"], seg["input_kind"], "float32", None) for j, seg in enumerate(segs)
+                     if first.get(j, math.inf) <= u
+                     and not (seg["input_owner"] is not None and seg_of(seg["input_owner"]) is None))
         # What MemTracker saw beyond the saved tensors the profile charged (views, outputs held by autograd).
         profiled = sum(size for owner, size, kind, _ in storages if owner <= u and kind in ("batch", "fixed"))
-        residual = max(0.0, bw["activations"] - profiled)
         grads = psi * state.gradients if accumulate > 1 else bw["gradients"] * state.gradients / 4
         b = unit["segments"].get("block")
         gathered = 0.0  # FSDP2: the block running and the one prefetched (the previous one, in backward)
         if shard > 1 and b is not None:
             gathered = sum(blocks[i]["param_bytes"] for i in (b, b - 1) if i >= 0) * state.weights / 4
-        points.append({"gradients": grads / shard, "activations": activations(u) + residual * r / narrow,
-                       "temporaries": bw["temporaries"] * r / narrow, "parameters": gathered})
+        points.append({"gradients": grads / shard, "parameters": gathered,
+                       "activations": saved + max(0.0, bw["activations"] - profiled) * r / narrow,
+                       "temporaries": bw["temporaries"] * r / narrow})
     # The optimizer update: every gradient, plus foreach's copy of all weights or the for-loop's largest one.
-    impl = str(_cfg(config, "model.optimizer_impl", "auto"))
     update_temp = {"fused": 0.0, "foreach": psi * state.weights / shard}.get(
-        impl, prof["largest_param_bytes"] * state.weights / 4)
+        str(_cfg(config, "model.optimizer_impl", "auto")), prof["largest_param_bytes"] * state.weights / 4)
     points.append({"gradients": psi * state.gradients / shard, "activations": 0.0, "parameters": 0.0,
                    "temporaries": update_temp if optimizer != "sgd-nomomentum" else 0.0})
     fixed = state_bytes_per_rank(psi, state, "fsdp", shard)

@@ -50,7 +50,6 @@ class Assumptions:
     usd_per_device_hour: float | None = None
     device_memory_gib: float = 80.0
     pp_microbatches: int | None = None
-    pp_interleave: int = 1
 
     def bandwidth(self, devices: int) -> float:
         """Bus bandwidth (GB/s) of a collective over ``devices`` ranks: NVLink inside a node, else InfiniBand."""
@@ -58,6 +57,9 @@ class Assumptions:
         if devices <= self.gpus_per_node:
             return self.intra_node_gb_per_s or intra
         return self.inter_node_gb_per_s or inter
+
+    def microbatches(self, stages: int) -> int:
+        return self.pp_microbatches or 4 * stages
 
     @property
     def price(self) -> float:
@@ -96,11 +98,8 @@ class JobSpec:
 
 
 def spec_from_record(record: Mapping) -> JobSpec:
-    """A :class:`JobSpec` from a single-device run record, its step time labelled as measured in that run.
-
-    Raises:
-        KeyError: naming the dotted path of a required key that is missing.
-    """
+    """A :class:`JobSpec` from a single-device run record, its step time labelled as measured in that run; a
+    KeyError names the dotted path of a required key that is missing."""
     need = ("techniques.micro_batch_size", "techniques.optimizer", "techniques.precision", "memory.model_parameters",
             "memory.anatomy_mib.activations", "timing.step_time_median_ms")
     got = [get_path(record, k) for k in need]
@@ -119,10 +118,9 @@ def spec_from_record(record: Mapping) -> JobSpec:
         accumulate_grad_batches=int(get_path(record, "techniques.accumulate_grad_batches", 1) or 1),
         activation_bytes_per_sample=float(activations) * MIB / int(micro),
         temporaries_bytes=float(get_path(record, "memory.anatomy_mib.temporaries") or 0.0) * MIB,
-        step_time_ms=float(step_ms),
+        step_time_ms=float(step_ms), model_name=str(get_path(record, "techniques.model_name", "") or ""),
         step_time_source=f"measured, run {record.get('run_id', '?')} on "
-        f"{get_path(record, 'hardware.device_name', '?')}",
-        model_name=str(get_path(record, "techniques.model_name", "") or ""), **shape)
+        f"{get_path(record, 'hardware.device_name', '?')}", **shape)
 
 
 def pipeline_bubble_fraction(stages: int, microbatches: int, interleave: int = 1) -> float:
@@ -163,7 +161,7 @@ def comm_bytes_per_step(spec: JobSpec, strategy: str, devices: int, assumptions:
     return {"dp": 2 * ring * grads, "zero1": ring * (grads + weights), "zero2": ring * (r * grads + weights),
             "fsdp": r * ring * (2 * (2 * psi if spec.precision.endswith("-mixed") else weights) + grads),
             "tp": r * (spec.num_layers or 1) * 4 * 2 * ring * boundary,
-            "pp": ((assumptions or Assumptions()).pp_microbatches or 4 * n) * 2 * boundary}[s]
+            "pp": (assumptions or Assumptions()).microbatches(n) * 2 * boundary}[s]
 
 
 @dataclass(frozen=True)
@@ -191,7 +189,7 @@ def predict_memory_mib(spec: JobSpec, strategy: str, devices: int, assumptions: 
     if s == "tp":
         act /= n
     elif s == "pp":
-        act *= min(n, a.pp_microbatches or 4 * n) / n  # 1F1B: min(p, m) micro-batches in flight, 1/p of the model
+        act *= min(n, a.microbatches(n)) / n  # 1F1B: min(p, m) micro-batches in flight, 1/p of the model
     out["activations"], out["temporaries"] = act / MIB, spec.temporaries_bytes / MIB
     return {**out, "total": sum(out.values())}
 
@@ -211,22 +209,14 @@ def predict_step(spec: JobSpec, strategy: str, devices: int, assumptions: Assump
     if s == "tp":
         compute, samples = compute / n, per_rank
     elif s == "pp":
-        m = a.pp_microbatches or 4 * n
-        bubble = pipeline_bubble_fraction(n, m, a.pp_interleave)
+        m = a.microbatches(n)
+        bubble = pipeline_bubble_fraction(n, m)
         compute, samples = m * compute / spec.accumulate_grad_batches / n * (1 + bubble), m * spec.micro_batch_size
     hidden = a.overlap_fraction * BACKWARD_SHARE * compute if s not in ("tp", "pp") else 0.0
     step = compute + max(0.0, comm_s - hidden)
     return StepPrediction(s, n, memory, comm, comm_s, bubble / (1 + bubble), step, samples,
                           samples / step if step > 0 else math.inf, memory["total"] <= a.device_memory_gib * 1024,
                           cannot_split(spec, s, n, a))
-
-
-def max_params_that_fit(spec: JobSpec, strategy: str, devices: int, assumptions: Assumptions | None = None) -> int:
-    """Largest parameter count whose per-rank memory fits the device, activations held at the measured values."""
-    a = assumptions or Assumptions()
-    per_param = sum(state_bytes_per_rank(1, spec.state, strategy, devices).values())
-    held = predict_memory_mib(spec, strategy, devices, a)
-    return max(0, int((a.device_memory_gib * 1024 - held["activations"] - held["temporaries"]) * MIB // per_param))
 
 
 def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64), assumptions: Assumptions | None = None,
@@ -240,20 +230,27 @@ def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64), assumpti
     low, high, source = DEFAULT_PRICES[a.device]
     price = (f"${a.price:.2f}/device-hour given" if a.usd_per_device_hour else
              f"{a.device} ${low:.2f}–{high:.2f}/h, low end; {source}")
-    preds = [(STRATEGY_LABELS[s], n, predict_step(spec, s, n, a)) for s in STRATEGIES for n in devices]
     rows_mem, rows_time = [], []
-    for label, n, p in preds:
+    for s, n in ((s, n) for s in STRATEGIES for n in devices):
+        p = predict_step(spec, s, n, a)
         if p.unsplittable:
-            rows_mem.append([label, n, p.unsplittable, *["–"] * 5])
-            rows_time.append([label, n, p.unsplittable, *["–"] * 6])
+            rows_mem.append([STRATEGY_LABELS[s], n, p.unsplittable, *["–"] * 5])
+            rows_time.append([STRATEGY_LABELS[s], n, p.unsplittable, *["–"] * 6])
             continue
         hours = epochs * dataset_size / p.samples_per_s / 3600
-        rows_mem.append([label, n, *(sig(p.memory_mib[k]) for k in (
+        rows_mem.append([STRATEGY_LABELS[s], n, *(sig(p.memory_mib[k]) for k in (
             "parameters", "gradients", "optimizer_state", "activations", "total")), "yes" if p.fits else "no"])
-        rows_time.append([label, n, sig(p.comm_bytes / MIB), duration(p.comm_s) + est,
-                          f"{sig(100 * p.bubble_share, 2)}%" if p.strategy == "pp" else "–", duration(p.step_s) + est,
+        rows_time.append([STRATEGY_LABELS[s], n, sig(p.comm_bytes / MIB), duration(p.comm_s) + est,
+                          f"{sig(100 * p.bubble_share, 2)}%" if s == "pp" else "–", duration(p.step_s) + est,
                           sig(p.samples_per_s) + est, duration(hours * 3600) + est,
                           usd(n * hours * a.price) + est if priced else "not priced"])
+
+    def max_params(s: str, n: int) -> int:
+        """The largest parameter count whose per-rank memory fits, activations held at the measured values."""
+        held = predict_memory_mib(spec, s, n, a)
+        room = (a.device_memory_gib * 1024 - held["activations"] - held["temporaries"]) * MIB
+        return max(0, int(room // sum(state_bytes_per_rank(1, st, s, n).values())))
+
     return "\n".join([
         f"- model: {spec.model_name or 'unnamed'}, {spec.num_params:,} parameters; {spec.precision} + {spec.optimizer}"
         f": {st.weights:g} + {st.gradients:g} + {st.optimizer:g} = {st.total:g} B/parameter ({st.regime})",
@@ -270,6 +267,5 @@ def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64), assumpti
                "train time", "cost"], rows_time),
         "", f"### Largest parameter count that fits {a.device_memory_gib:g} GiB per device", "",
         table(["strategy", *(f"N = {n}" for n in devices)],
-              [[STRATEGY_LABELS[s], *(count(max_params_that_fit(spec, s, n, a)) for n in devices)]
-               for s in STRATEGIES if s not in ("tp", "pp")]), "",
+              [[STRATEGY_LABELS[s], *(count(max_params(s, n)) for n in devices)] for s in STRATEGIES[:4]]), "",
     ])

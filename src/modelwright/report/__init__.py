@@ -1,10 +1,8 @@
 """The study's report: records → ``table.md``, ``summary.json`` and plots per results folder, and the generated
-sections of README.md and docs/*.md.
+sections of README.md and docs/*.md (:mod:`.readme` is the one writer into documents). The same records always give
+the same text.
 
 To run: ``uv run python -m modelwright report`` (every ``results/<hardware>/``; the study runs it at its end).
-
-The same records always give the same text. Tables come from :mod:`.tables`, plots from :mod:`.plots`, and
-:mod:`.readme` is the one writer into documents: only between ``<!-- name:start -->`` / ``<!-- name:end -->``.
 """
 
 from __future__ import annotations
@@ -14,7 +12,9 @@ from pathlib import Path
 
 from modelwright import REPO_ROOT
 from modelwright.errors import require
+from modelwright.record import write_text_atomic
 from modelwright.report import tables
+from modelwright.report.fmt import table
 from modelwright.report.plots import PLOTS, plot_all
 from modelwright.report.readme import Study, update
 
@@ -38,8 +38,8 @@ def render_table_md(study: Study) -> str:
     if study.budget:
         parts += [f"## Largest batch under {study.budget[0].budget_mib / 1024:g} GiB", "",
                   tables.budget_table(study.budget), ""]
-    if any(not r.ok for r in study.rows):
-        parts += ["## Runs that did not finish", "", tables.failed_table(study.rows), ""]
+    if failed := [[r.name, r.status, r.error or ""] for r in study.rows if not r.ok]:
+        parts += ["## Runs that did not finish", "", table(["run", "status", "error"], failed, "lll"), ""]
     return "\n".join(parts)
 
 
@@ -58,20 +58,14 @@ def summary(study: Study) -> dict:
 
 def generate(results_dir: str | Path, readme: str | Path | None = None, plots: bool = True,
              allow_mixed: bool = False) -> list[Path]:
-    """Write ``table.md``, ``summary.json`` and the plots into ``results_dir``; fill ``readme``'s sections if given.
-
-    Returns:
-        The paths written.
-    """
-    study = Study.load(Path(results_dir), allow_mixed)
-    out = [study.folder / "table.md", study.folder / "summary.json"]
-    out[0].write_text(render_table_md(study), encoding="utf-8")
-    if plots:
-        out += plot_all(study.rows, study.budget, study.folder, study.slug)
-    out[1].write_text(json.dumps(summary(study), indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    if readme is not None:
-        out += update([Path(readme)], study.folder.parent, allow_mixed)
-    return out
+    """Write ``table.md``, ``summary.json`` and the plots into ``results_dir``, fill ``readme``'s sections if given;
+    returns the paths written."""
+    study = Study(Path(results_dir), allow_mixed)
+    table_md = write_text_atomic(study.folder / "table.md", render_table_md(study))
+    pngs = plot_all(study.rows, study.budget, study.folder, study.slug) if plots else []
+    digest = json.dumps(summary(study), indent=2, allow_nan=False) + "\n"  # after the plots: it lists them
+    out = [table_md, write_text_atomic(study.folder / "summary.json", digest), *pngs]
+    return out + (update([Path(readme)], study.folder.parent, allow_mixed) if readme is not None else [])
 
 
 def report(results: Path | None = None, readme: Path = Path("README.md"), docs: bool = True, plots: bool = True,
@@ -85,8 +79,7 @@ def report(results: Path | None = None, readme: Path = Path("README.md"), docs: 
         plots: write the PNG plots.
         allow_mixed: put records of different commits or definitions in one table, marked, instead of refusing.
 
-    Returns:
-        0 on success (a user error raises ConfigError: one line, exit status 2).
+    Returns 0; a user error raises ConfigError (one line, exit status 2).
     """
     results = Path(results) if results is not None else REPO_ROOT / "results"
     folders = sorted(p for p in results.glob("*") if (p / "records.jsonl").is_file())

@@ -1,4 +1,4 @@
-"""The study's PNG plots (matplotlib, Agg backend), from the rows of :mod:`modelwright.report.tables`."""
+"""The study's PNG plots (matplotlib's Agg renderer), from the rows of :mod:`modelwright.report.tables`."""
 
 from __future__ import annotations
 
@@ -21,28 +21,25 @@ COLORS = ("#4c72b0", "#55a868", "#8172b2", "#c44e52", "#dd8452", "#937860", "#da
 
 def plot_all(rows: Sequence[Row], budget: Sequence[BudgetRow], out_dir: Path, title: str) -> list[Path]:
     """Write the plots of :data:`PLOTS` that have data into ``out_dir``; returns their paths."""
-    import matplotlib
+    from matplotlib.figure import Figure  # a bare Figure: no pyplot state, no global backend switch
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in rows if r.ok]
+    rows, written = [r for r in rows if r.ok], []
     if not rows:
         return []
-    written: list[Path] = []
 
-    def save(fig, name: str) -> None:
+    def save(fig: Figure, name: str) -> None:
         fig.tight_layout()
         fig.savefig(out_dir / name, dpi=110, metadata={"Software": None})  # no version stamp: same data, same bytes
-        plt.close(fig)
         written.append(out_dir / name)
 
-    def per_run(height: float):  # one bar (or stack) per run, named below it
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(rows) + 2), height))
-        ax.set_xticks(range(len(rows)), [r.name for r in rows], rotation=30, ha="right")
+    def figure(height: float, width: float | None = None):
+        fig = Figure(figsize=(width or max(6.0, 0.8 * len(rows) + 2), height))
+        ax = fig.subplots()
+        if width is None:  # one bar (or stack) per run, named below it
+            ax.set_xticks(range(len(rows)), [r.name for r in rows], rotation=30, ha="right")
         return fig, ax
 
-    fig, ax = per_run(4.5)
+    fig, ax = figure(4.5)
     bottom = [0.0] * len(rows)
     for key, color in zip(dict.fromkeys(k for r in rows for k in r.v["anatomy"]), COLORS, strict=False):
         vals = [r.v["anatomy"].get(key) or 0.0 for r in rows]
@@ -52,7 +49,7 @@ def plot_all(rows: Sequence[Row], budget: Sequence[BudgetRow], out_dir: Path, ti
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     save(fig, "memory_anatomy.png")
 
-    fig, ax = per_run(4.0)
+    fig, ax = figure(4.0)
     med = [r.v["step_ms"] or 0.0 for r in rows]
     lo = [m - (r.v["step_lo"] or m) for m, r in zip(med, rows, strict=True)]
     hi = [(r.v["step_hi"] or m) - m for m, r in zip(med, rows, strict=True)]
@@ -62,7 +59,7 @@ def plot_all(rows: Sequence[Row], budget: Sequence[BudgetRow], out_dir: Path, ti
     ax.set(ylabel="ms per optimizer step", title=f"Step time per run, median and spread of repeats ({title})")
     save(fig, "step_time.png")
 
-    fig, ax = plt.subplots(figsize=(6.5, 5.0))
+    fig, ax = figure(5.0, 6.5)
     points = [(r, r.v["step_ms"], r.v["peak_mib"]) for r in rows if r.v["step_ms"] and r.v["peak_mib"]]
     for r, t, m in points:
         ref = r is r.reference
@@ -78,7 +75,7 @@ def plot_all(rows: Sequence[Row], budget: Sequence[BudgetRow], out_dir: Path, ti
     ax.grid(alpha=0.3)
     save(fig, "memory_vs_time.png")
 
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    fig, ax = figure(4.5, 6.5)
     for r in rows:
         pts = [p for p in get_path(r.records[0], "history.train/loss") or [] if finite(p[1]) is not None]
         if pts:
@@ -90,13 +87,13 @@ def plot_all(rows: Sequence[Row], budget: Sequence[BudgetRow], out_dir: Path, ti
 
     confirmed = [b for b in budget if b.batch]
     if confirmed:
-        fig, ax = plt.subplots(figsize=(6.5, 0.5 * len(confirmed) + 1.8))
-        y = list(range(len(confirmed)))
-        ax.barh(y, [b.batch for b in confirmed], color=[COLORS[1] if b.fits else COLORS[3] for b in confirmed])
+        fig, ax = figure(0.5 * len(confirmed) + 1.8, 6.5)
+        ax.barh(range(len(confirmed)), [b.batch for b in confirmed],
+                color=[COLORS[1] if b.fits else COLORS[3] for b in confirmed])
         for i, b in enumerate(confirmed):
             peak = f"{b.measured_mib:.0f} MiB" if b.measured_mib is not None else b.status
             ax.text(b.batch, i, f" {b.batch} ({peak})", va="center", fontsize=8)
-        ax.set_yticks(y, [b.name for b in confirmed])
+        ax.set_yticks(range(len(confirmed)), [b.name for b in confirmed])
         ax.invert_yaxis()
         ax.set(xlabel="largest micro-batch (green: confirmed under the budget)",
                title=f"Largest batch under {confirmed[0].budget_mib / 1024:g} GiB ({title})")

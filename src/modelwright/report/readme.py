@@ -2,10 +2,7 @@
 ``<!-- name:end -->`` is replaced by what :class:`Sections` renders for ``name``; everything else is left alone.
 
 Block sections (the marker on a line of its own) hold tables and plots; inline ones (``<!-- v:slug:run:field:start
--->0.56×<!-- ...:end -->``) put one figure of a record into a hand-written sentence. Fields of ``v:``: peak,
-memory, step, time, band, verdict, mfu, activations, state (parameters + gradients + optimizer state, MiB),
-share (activations ÷ peak), batch (largest batch under the budget), peak_gflops, achieved_gflops,
-gflop_step.
+-->0.56×<!-- ...:end -->``) put one figure of a record into a hand-written sentence (fields: :meth:`Sections.value`).
 """
 
 from __future__ import annotations
@@ -14,12 +11,11 @@ import contextlib
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from modelwright.errors import require
-from modelwright.record import get_path, read_record, read_records
+from modelwright.record import get_path, read_record, read_records, write_text_atomic
 from modelwright.report import tables as t
 from modelwright.report.fmt import DASH, duration, finite, pct, ratio, sig, table
 from modelwright.report.plots import PLOTS
@@ -31,10 +27,7 @@ FINDINGS = ("amp", "accumulate", "checkpointing-stage", "checkpointing-block", "
 
 def write_sections(path: Path, render: Callable[[str], str | None]) -> bool:
     """Rewrite every marked section of ``path`` whose name ``render`` knows; True if the text changed.
-
-    Raises:
-        ConfigError: ``path`` holds no section markers (one line naming the file).
-    """
+    A file without markers is a ConfigError (one line naming the file)."""
     text = path.read_text(encoding="utf-8")
     require(MARKER.search(text) is not None, f"{path}: no <!-- name:start --> ... <!-- name:end --> markers to fill")
 
@@ -47,46 +40,30 @@ def write_sections(path: Path, render: Callable[[str], str | None]) -> bool:
 
     new = MARKER.sub(fill, text)
     if new != text:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(new, encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, new)
     return new != text
 
 
 def _json(path: Path) -> dict | None:
     # A benchmark that has not run, or a torn file, leaves its section saying so instead of failing the report.
     with contextlib.suppress(OSError, ValueError):
-        data = read_record(path, validate=False)
-        return data if isinstance(data, dict) else None
+        return read_record(path, validate=False)
     return None
 
 
-@dataclass
 class Study:
     """One ``results/<slug>/`` folder: its records, rows, budget rows, provenance marks and the runs' wall time."""
 
-    folder: Path
-    records: list[dict]
-    rows: list[t.Row]
-    budget: list[t.BudgetRow]
-    marks: dict[str, str]
-    wall_s: float
-
-    @classmethod
-    def load(cls, folder: Path, allow_mixed: bool = False) -> Study:
-        path = folder / "records.jsonl"
+    def __init__(self, folder: Path, allow_mixed: bool = False):
+        path, self.folder, self.slug = folder / "records.jsonl", folder, folder.name
         require(path.is_file(), f"{folder}: no records.jsonl (run `python -m modelwright study` first)")
-        records = read_records(path)
-        require(bool(t.study_records(records)), f"{path}: no study records (records with a 'study' section)")
-        rows = t.build_rows(records)
-        budget = t.build_budget_rows(records, rows)
-        used = [r for row in rows for r in row.records] + [r for b in budget for r in b.records]
-        return cls(folder, records, rows, budget, t.check_provenance(used, str(path), allow_mixed),
-                   sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in used))
-
-    @property
-    def slug(self) -> str:
-        return self.folder.name
+        self.records = read_records(path)
+        require(bool(t.study_records(self.records)), f"{path}: no study records (records with a 'study' section)")
+        self.rows = t.build_rows(self.records)
+        self.budget = t.build_budget_rows(self.records, self.rows)
+        used = [r for row in self.rows for r in row.records] + [r for b in self.budget for r in b.records]
+        self.marks = t.check_provenance(used, str(path), allow_mixed)
+        self.wall_s = sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in used)
 
     def row(self, name: str) -> t.Row | None:
         return next((r for r in self.rows if r.name == name and r.ok), None)
@@ -103,12 +80,12 @@ class Study:
             study_cmd = (_json(self.folder / "study.json") or {}).get("command")
             shown.append("not recorded for records made before provenance"
                          + (f" (last study invocation: `{study_cmd}`)" if study_cmd else ""))
-        repeats = max((r.v["repeats"] for r in self.rows if r.ok), default=0)
         steps: dict[Any, list[str]] = {}
         for row in self.rows:
             steps.setdefault(get_path(row.records[-1], "study.measured_steps"), []).append(row.name)
         usual = max(steps, key=lambda k: len(steps[k]), default=s.get("measured_steps"))
         others = "".join(f"; {k} for {', '.join(names)}" for k, names in steps.items() if k != usual)
+        repeats = max((r.v["repeats"] for r in self.rows if r.ok), default=0)
         return "\n".join([f"- Hardware: {hw.get('accelerator', '?').upper()} {device}; torch {ver.get('torch')}, "
                           f"lightning {ver.get('lightning')}, python {ver.get('python')}",
                           f"- Window: {s.get('warmup_steps')} warm-up, {usual} measured steps per run{others}, up to "
@@ -122,8 +99,8 @@ class Sections:
 
     def __init__(self, results: Path, doc_dir: Path, allow_mixed: bool = False):
         self.root, self.doc_dir = results, doc_dir
-        folders = sorted(p for p in results.iterdir() if (p / "records.jsonl").is_file()) if results.is_dir() else []
-        self.studies = [s for s in (Study.load(f, allow_mixed) for f in folders) if s.rows]
+        studies = (Study(f, allow_mixed) for f in sorted(results.iterdir()) if (f / "records.jsonl").is_file())
+        self.studies = [s for s in studies if s.rows]
 
     def rel(self, path: Path) -> str:
         return Path(os.path.relpath(path, self.doc_dir)).as_posix()
@@ -143,7 +120,9 @@ class Sections:
         return render[name]() if name in render else None
 
     def value(self, slug: str, run: str, field: str) -> str:
-        """One figure of run ``run`` in ``results/<slug>/`` (a field of the module docstring); a dash without it."""
+        """One figure of run ``run`` in ``results/<slug>/``, a dash without it. Fields: peak, memory, step, time,
+        band, verdict, mfu, activations, state (parameters + gradients + optimizer state, MiB), share (activations ÷
+        peak), batch (largest batch under the budget), peak_gflops, achieved_gflops, gflop_step."""
         study = next((s for s in self.studies if s.slug == slug), None)
         row = study.row(run) if study else None
         if row is None:
@@ -174,8 +153,8 @@ class Sections:
                 parts += [f"Largest micro-batch under {s.budget[0].budget_mib / 1024:g} GiB:", "",
                           t.budget_table(s.budget), ""]
             parts += [f"![{cap}]({self.rel(s.folder / n)})" for n, cap in PLOTS.items() if (s.folder / n).is_file()]
-            parts += ["", f"Anatomy and failed runs: [{self.rel(s.folder / 'table.md')}]"
-                      f"({self.rel(s.folder / 'table.md')}).", ""]
+            table_md = self.rel(s.folder / "table.md")
+            parts += ["", f"Anatomy and failed runs: [{table_md}]({table_md}).", ""]
         return "\n".join(parts) if parts else "No study results yet: run `uv run python -m modelwright study`."
 
     def scaleout(self) -> str:
@@ -186,8 +165,7 @@ class Sections:
     def attention(self) -> str:
         parts = []
         for s in self.studies:
-            text = t.attention_table(_json(s.folder / "attention.json"))
-            if text:
+            if text := t.attention_table(_json(s.folder / "attention.json")):
                 parts += [f"`{s.slug}`:", "", text, ""]
                 if (s.folder / "attention.png").is_file():
                     parts += [f"![Attention: peak memory and step time against sequence length]"
@@ -208,10 +186,6 @@ def _where(result: Mapping) -> str:
     return f"{device}{cores}; torch {v.get('torch')}, lightning {v.get('lightning')}"
 
 
-def _spread(values: list, what: str) -> str:
-    return f"{ratio(min(values, default=None))}–{ratio(max(values, default=None))} ({len(values)} {what})"
-
-
 def main_job_text(r: Mapping | None) -> str | None:
     if not r:
         return None
@@ -221,25 +195,28 @@ def main_job_text(r: Mapping | None) -> str | None:
 
 
 def overhead_text(callback: Mapping | None, *loops: Mapping | None) -> str | None:
+    def spread(values: list, what: str) -> str:
+        return f"{ratio(min(values, default=None))}–{ratio(max(values, default=None))} ({len(values)} {what})"
+
     rows = []
     if callback:
-        pairs, cmd = callback.get("pair_ratios") or [], f"`{callback['command']}`"
+        cmd = f"`{callback['command']}`"
         rows += [["measurement callbacks, hooks timed directly",
                   f"{sig((callback.get('hooks_ms_per_step') or {}).get('median'), 2)} ms per step",
                   pct(callback.get("hooks_fraction_of_step"), 2), DASH, cmd],
                  ["measurement callbacks on ÷ off, paired runs", ratio(callback["ratio_on_off"], 3), DASH,
-                  _spread(pairs, "pairs"), cmd]]
+                  spread(callback.get("pair_ratios") or [], "pairs"), cmd]]
     for result in filter(None, loops):
         epoch = result.get("mode") == "epoch"
         rows += [[f"{name} ÷ raw PyTorch loop, {result['settings']['model']}, "
                   f"{'time per epoch' if epoch else 'median step'}",
                   ratio(s["epoch_ratio_to_raw" if epoch else "ratio_to_raw"], 3), DASH,
-                  _spread(s.get("repeat_epoch_ratios_to_raw" if epoch else "repeat_ratios_to_raw") or [], "repeats"),
+                  spread(s.get("repeat_epoch_ratios_to_raw" if epoch else "repeat_ratios_to_raw") or [], "repeats"),
                   f"`{result['command']}`"] for name, s in result["loops"].items() if name != "raw"]
     if not rows:
         return None
-    where = _where(callback or next(filter(None, loops)))
-    return f"{where}:\n\n" + table(["what", "figure", "share of a step", "spread", "command"], rows, "lrrrl")
+    header = ["what", "figure", "share of a step", "spread", "command"]
+    return f"{_where(callback or next(filter(None, loops)))}:\n\n" + table(header, rows, "lrrrl")
 
 
 def cpu_defaults_text(result: Mapping | None) -> str | None:
@@ -257,4 +234,3 @@ def cpu_defaults_text(result: Mapping | None) -> str | None:
 def update(docs: list[Path], results: Path, allow_mixed: bool = False) -> list[Path]:
     """Fill the sections of each document; returns those that changed."""
     return [doc for doc in docs if write_sections(doc, Sections(results, doc.parent.resolve(), allow_mixed))]
-

@@ -3,16 +3,16 @@
 To run: ``uv run python -m modelwright study`` (the default plan, ``configs/study/plan_default.yaml``);
 ``--plan configs/study/plan_vit.yaml`` for another plan, ``--accelerator cuda`` on a GPU, ``--help`` for the rest.
 
-Each run is ``python main.py fit --config <experiment delta> --<key>=<value>...`` in its own process, its config
-resolved beforehand by the same LightningCLI parser (:mod:`.plan`): ``warmup_steps`` unmeasured steps, one step whose
-tensor-memory anatomy is captured (not timed), then ``measured_steps`` timed steps. Repeats run round-robin, each
-record carrying its repeat index. Records go to ``results/<hardware slug>/records.jsonl`` (:mod:`.runner`: resume,
-failures, the lock); the largest batch under a memory budget is predicted and confirmed (:mod:`.budget`); then
-:mod:`modelwright.report` writes the table, the plots and the README section.
+Each run is ``python main.py fit --config <experiment delta> --<key>=<value>...``, its config resolved beforehand by
+the same LightningCLI parser (:mod:`.plan`): ``warmup_steps`` unmeasured steps, one step whose tensor-memory anatomy
+is captured (not timed), then ``measured_steps`` timed steps; repeats round-robin. Records go to
+``results/<hardware slug>/records.jsonl`` (:mod:`.runner`); the largest batch under a memory budget is predicted and
+confirmed (:mod:`.budget`); then :mod:`modelwright.report` writes the table, the plots and the README section.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import os
@@ -27,6 +27,7 @@ from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
 from modelwright import REPO_ROOT
 from modelwright.errors import require
+from modelwright.report import fmt
 from modelwright.study import plan as p
 from modelwright.study.plan import patch_callbacks, resolve_config
 from modelwright.study.runner import DONE_STATUSES, Progress, Study, say, study_lock
@@ -42,8 +43,7 @@ def slugify(text: str) -> str:
 
 def hardware_slug(accelerator: str = "auto") -> str:
     """``cpu-<cpu model>-<vector ISA>-<n>cores`` or ``cuda-<gpu name>`` (``-x<n>`` for several GPUs), lowercase with
-    dashes. The ISA is in a CPU's slug because one model name ("AMD EPYC") covers machines with and without AVX-512,
-    whose results differ (bf16 above all)."""
+    dashes. A CPU's names its vector ISA: one model name ("AMD EPYC") covers machines with and without AVX-512."""
     import torch
 
     if accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available()):
@@ -52,8 +52,7 @@ def hardware_slug(accelerator: str = "auto") -> str:
         return f"cuda-{slugify(torch.cuda.get_device_name(0))}" + (f"-x{n}" if n > 1 else "")
     if accelerator not in ("auto", "cpu"):
         return slugify(accelerator)
-    from modelwright.measure import cpu_model
-    from modelwright.measure.facts import cpuinfo
+    from modelwright.measure.facts import cpu_model, cpuinfo
 
     flags = set(cpuinfo().get("flags", "").split())
     isa = next((name for name in ("avx512", "avx2", "neon", "asimd") if name in flags or f"{name}f" in flags), None)
@@ -69,6 +68,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
           rerun: bool = False, retry_failed: bool = False, run_timeout_s: PositiveFloat | None = None,
           predict: bool = True, dry_run: bool = False) -> int:
     """Run a plan of experiment configs, each in a fresh process, then write the table, plots and README section.
+    Returns 0, or 1 if every run it ran failed (a user error raises ConfigError: one line, exit status 2).
 
     Args:
         plan: the plan file (configs/study/plan_*.yaml).
@@ -93,9 +93,6 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
         run_timeout_s: stop a run (and record it as failed) after this long.
         predict: profile one step of the first run (the baseline) and write every run's predicted peak before it.
         dry_run: list the runs and their commands; run nothing.
-
-    Returns:
-        0; 1 if every run it ran failed (a user error raises ConfigError: one line, exit status 2).
     """
     given = {k: v for k, v in locals().items() if v != inspect.signature(study).parameters[k].default}
     cmd = ["python", "-m", "modelwright", "study", *(f"--{k}={p.cli_value(v)}" for k, v in given.items())]
@@ -130,9 +127,9 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
         + (f"; budget {budget_gib:g} GiB for {', '.join(the_plan.budget_runs)}" if do_budget else "")
         + f"\nresults: {p.rel(results_dir)}/"
     )
-    for e in entries:
-        if e not in runnable:
-            say(f"  {e.name}: not on {device} (runs on {', '.join(e.accelerators or [])})")
+    elsewhere = [e for e in entries if e not in runnable]
+    for e in elsewhere:
+        say(f"  {e.name}: not on {device} (runs on {', '.join(e.accelerators or [])})")
     if dry_run:
         for spec in specs:
             state = "recorded" if runner.recorded(spec) else "to run"
@@ -151,9 +148,18 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
                 from modelwright.study.budget import budget_phase
 
                 budget_phase(runner, specs, runnable, progress, budget_gib * 1024)
-            progress.bar.close()
-            _write_summary(results_dir, runner, cmd, budget_gib if do_budget else None, time.perf_counter() - t0,
-                           [e.name for e in entries if e not in runnable])
+            progress.close()
+            wall_s = time.perf_counter() - t0
+            summary = {
+                "plan": the_plan.path, "command": " ".join(cmd), **dataclasses.asdict(settings),
+                "repeat_order": "round-robin", "budget_gib": budget_gib if do_budget else None,
+                "runs_not_on_this_device": [e.name for e in elsewhere], "runs_executed": runner.executed,
+                "runs_skipped": runner.skipped, "runs_failed": runner.failed, "wall_time_s": wall_s,
+                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+            (results_dir / "study.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+            say(f"study done in {fmt.duration(wall_s)}: {runner.executed} run, {runner.skipped} skipped, "
+                f"{runner.failed} not ok; records: {p.rel(runner.records_path)}")
     except KeyboardInterrupt:
         say("interrupted: the runs recorded so far are kept; the same command resumes")
         return 130
@@ -167,20 +173,3 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
         say("report: " + ", ".join(p.rel(w) for w in written))
     # Failed runs are results (recorded, shown in the table); only a study that measured nothing is an error.
     return 1 if runner.executed and runner.failed == runner.executed else 0
-
-
-def _write_summary(results_dir: Path, runner: Study, cmd: list[str], budget_gib: float | None, wall_s: float,
-                   elsewhere: list[str]) -> None:
-    from modelwright.report import fmt
-
-    s = runner.settings
-    summary = {
-        "plan": runner.plan.path, "command": " ".join(cmd), "slug": s.slug, "accelerator": s.accelerator,
-        "warmup_steps": s.warmup_steps, "measured_steps": s.measured_steps, "repeats": s.repeats,
-        "repeat_order": "round-robin", "val_batches": s.val_batches, "budget_gib": budget_gib,
-        "runs_not_on_this_device": elsewhere, "runs_executed": runner.executed, "runs_skipped": runner.skipped,
-        "runs_failed": runner.failed, "wall_time_s": wall_s, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    (results_dir / "study.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    say(f"study done in {fmt.duration(wall_s)}: {runner.executed} run, {runner.skipped} skipped, "
-        f"{runner.failed} not ok; records: {p.rel(runner.records_path)}")

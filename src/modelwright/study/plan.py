@@ -94,14 +94,14 @@ def load_plan(path: str | os.PathLike) -> Plan:
         key = f"{where}: runs[{i}]"
         require(isinstance(item, dict) and isinstance(item.get("name"), str), f"{key}: needs a 'name'")
         _known(item, ENTRY_KEYS, key)
-        name, config, overrides = item["name"], item.get("config"), item.get("overrides") or {}
-        require(re.fullmatch(r"[A-Za-z0-9][\w.+-]*", name) is not None, f"{key}.name: {name!r} is not a plain name")
-        require(name not in {e.name for e in entries}, f"{key}.name: {name!r} appears twice")
-        require(config is None or (REPO_ROOT / str(config)).is_file(), f"{key}.config: no config file at {config}")
-        require(isinstance(overrides, dict), f"{key}.overrides: must be a mapping of dotted keys to values")
-        accelerators = item.get("accelerators")
-        require(accelerators is None or isinstance(accelerators, list), f"{key}.accelerators: a list such as [cuda]")
-        entries.append(Entry(name, config, overrides, accelerators, bool(item.get("vary_batch"))))
+        e = Entry(item["name"], item.get("config"), item.get("overrides") or {}, item.get("accelerators"),
+                  bool(item.get("vary_batch")))
+        require(re.fullmatch(r"[A-Za-z0-9][\w.+-]*", e.name) is not None, f"{key}.name: {e.name!r} is not a plain name")
+        require(e.name not in {x.name for x in entries}, f"{key}.name: {e.name!r} appears twice")
+        require(not e.config or (REPO_ROOT / e.config).is_file(), f"{key}.config: no config file at {e.config}")
+        require(isinstance(e.overrides, dict), f"{key}.overrides: must be a mapping of dotted keys to values")
+        require(isinstance(e.accelerators, (list, type(None))), f"{key}.accelerators: a list such as [cuda]")
+        entries.append(e)
     budget = data.get("budget") or {}
     gib, budget_runs = budget.get("gib"), budget.get("runs") or []
     ok = gib is None or (isinstance(gib, (int, float)) and not isinstance(gib, bool) and gib > 0)
@@ -112,10 +112,10 @@ def load_plan(path: str | os.PathLike) -> Plan:
     for key, value in steps.items():
         for v in value.values() if isinstance(value, dict) else [value]:
             count(v, f"{where}: {key}", 0 if key == "warmup_steps" else 1)
-    repeats = count(data.get("repeats", 3), f"{where}: repeats")
-    val_batches = count(data.get("val_batches", 0), f"{where}: val_batches", 0)
-    return Plan(where, entries, data.get("model"), steps["warmup_steps"], steps["measured_steps"], repeats,
-                val_batches, float(gib) if gib is not None else None, list(budget_runs))
+    return Plan(where, entries, data.get("model"), steps["warmup_steps"], steps["measured_steps"],
+                count(data.get("repeats", 3), f"{where}: repeats"),
+                count(data.get("val_batches", 0), f"{where}: val_batches", 0),
+                float(gib) if gib is not None else None, list(budget_runs))
 
 
 _RESOLVED: dict[tuple[str, ...], dict] = {}
@@ -130,10 +130,8 @@ def resolve_config(config_files: Sequence[str | os.PathLike] = (), overrides: Ma
     """The config a run sees: what ``main.py fit --config <file>... --<key>=<value>... --print_config`` prints.
 
     LightningCLI's own parser does it, in this process (``configs/base.yaml`` first, the files in order, the dotted
-    overrides last; lists replace). Results are cached per argument list.
-
-    Raises:
-        ConfigError: the parser refused the files or the overrides (its own one-line message).
+    overrides last; lists replace). Results are cached per argument list. A ConfigError carries the parser's own
+    one-line message when it refuses the files or the overrides.
     """
     args = ["fit", *(a for f in config_files for a in ("--config", str(REPO_ROOT / f)))]
     args += [f"--{key}={cli_value(value)}" for key, value in (overrides or {}).items()]
@@ -149,12 +147,6 @@ def resolve_config(config_files: Sequence[str | os.PathLike] = (), overrides: Ma
         require(bool(out.getvalue().strip()), errors[-1] if errors else f"config: cannot resolve {args[1:]}")
         _RESOLVED[tuple(args)] = yaml.safe_load(out.getvalue())
     return copy.deepcopy(_RESOLVED[tuple(args)])
-
-
-def config_hash(resolved: Mapping, slug: str) -> str:
-    """A short stable id of a run's resolved config on one hardware slug (what resume compares)."""
-    text = json.dumps({"config": to_jsonable(resolved), "slug": slug}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
 def _positive(value: Any) -> int:
@@ -175,25 +167,21 @@ def effective_batch(resolved: Mapping) -> int | None:
     return micro * accumulate * world_size(resolved) if ok else None
 
 
-def class_name(spec: Any) -> str:
-    return str(spec.get("class_path", "")).rsplit(".", 1)[-1] if isinstance(spec, dict) else str(spec or "")
-
-
 def patch_callbacks(callbacks: Any, warmup_steps: int, record_path: str | None) -> list[dict]:
-    """The callbacks list of a study run: the measurement window set, no checkpoint files, the record path.
+    """The callbacks list of a study run: the measurement window set, no checkpoint files, the record path; a
+    ConfigError if it has no ``RunRecord`` (the study could not read the run's result)."""
+    def name(cb: Any) -> str:
+        return str(cb.get("class_path", "")).rsplit(".", 1)[-1] if isinstance(cb, dict) else str(cb or "")
 
-    Raises:
-        ConfigError: the list has no ``RunRecord`` (the study could not read the run's result).
-    """
-    ok = isinstance(callbacks, list) and any(class_name(cb) == "RunRecord" for cb in callbacks)
+    ok = isinstance(callbacks, list) and any(name(cb) == "RunRecord" for cb in callbacks)
     require(ok, "trainer.callbacks: the study needs callbacks.run_record.RunRecord in the list (configs/base.yaml)")
     window = {
         "StepTimeMonitor": {"warmup_steps": warmup_steps, "measure_steps": None},
         "MemoryMonitor": {"warmup_steps": warmup_steps, "anatomy": True, "anatomy_step": None},
         "RunRecord": {"record_path": record_path, "records_jsonl": None},
     }
-    return [{**copy.deepcopy(cb), "init_args": {**(cb.get("init_args") or {}), **window.get(class_name(cb), {})}}
-            for cb in callbacks if class_name(cb) != "ModelCheckpoint"]  # a study run saves no checkpoint
+    return [{**copy.deepcopy(cb), "init_args": {**(cb.get("init_args") or {}), **window.get(name(cb), {})}}
+            for cb in callbacks if name(cb) != "ModelCheckpoint"]  # a study run saves no checkpoint
 
 
 @dataclass
@@ -212,11 +200,12 @@ class Settings:
 
 @dataclass
 class RunSpec:
-    """One process to run: which entry, which repeat, its overrides, resolved config and identity."""
+    """One process to run: which entry (``index`` in the plan), which repeat, its overrides, resolved config and
+    identity. ``kind`` is ``run`` or ``budget``."""
 
     name: str
-    kind: str  # "run" or "budget"
-    index: int  # position of the entry in the plan
+    kind: str
+    index: int
     repeat: int
     config: str | None
     overrides: dict[str, Any]
@@ -275,16 +264,17 @@ def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, ki
     resolved = resolve_config(files, overrides)
     resolved["trainer"]["callbacks"] = patch_callbacks(resolved["trainer"].get("callbacks"), settings.warmup_steps,
                                                        None)
+    # The run's identity (what resume compares): its resolved config on one hardware slug.
+    text = json.dumps({"config": to_jsonable(resolved), "slug": settings.slug}, sort_keys=True, separators=(",", ":"))
     return RunSpec(entry.name, kind, index, repeat, entry.config, overrides, resolved,
-                   config_hash(resolved, settings.slug), measured, dict(extra or {}))
+                   hashlib.sha256(text.encode("utf-8")).hexdigest()[:12], measured, dict(extra or {}))
 
 
 def command(spec: RunSpec, run_dir: Path) -> list[str]:
     """The child's argument list (after the interpreter), with paths relative to the repository root."""
     where = rel(run_dir)
     args = ["main.py", "fit", *(["--config", spec.config] if spec.config else [])]
-    args += ["--config", f"{where}/callbacks.yaml"]
-    args += [f"--{key}={cli_value(value)}" for key, value in spec.overrides.items()]
+    args += ["--config", f"{where}/callbacks.yaml", *(f"--{k}={cli_value(v)}" for k, v in spec.overrides.items())]
     if isinstance(get_path(spec.resolved, "trainer.logger"), dict):
         args.append(f"--trainer.logger.init_args.save_dir={where}")
     return args
@@ -295,6 +285,5 @@ def check_effective_batch(specs: Sequence[RunSpec], entries: Sequence[Entry]) ->
     varies = {e.name for e in entries if e.vary_batch}
     compared = [(s.name, effective_batch(s.resolved)) for s in specs if s.name not in varies]
     for name, eff in compared:
-        ref_name, ref = compared[0]
-        require(eff == ref, f"runs.{name}: effective batch {eff} differs from {ref_name}'s {ref}; "
-                "set vary_batch: true on a run that is about batch size")
+        require(eff == compared[0][1], f"runs.{name}: effective batch {eff} differs from {compared[0][0]}'s "
+                f"{compared[0][1]}; set vary_batch: true on a run that is about batch size")

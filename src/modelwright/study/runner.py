@@ -36,11 +36,8 @@ STOP_GRACE_S = 30.0
 
 @contextlib.contextmanager
 def study_lock(folder: Path) -> Iterator[Path]:
-    """``study.lock`` (the PID) in ``folder`` while a study writes there; a lock left by a dead PID is taken over.
-
-    Raises:
-        ConfigError: a live study holds the lock.
-    """
+    """``study.lock`` (the PID) in ``folder`` while a study writes there; a lock left by a dead PID is taken over, a
+    live study's is a ConfigError."""
     path = folder / "study.lock"
     folder.mkdir(parents=True, exist_ok=True)
     while True:
@@ -73,7 +70,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # alive, another user's
         pass
     return True
 
@@ -154,15 +151,6 @@ def failure_record(spec: p.RunSpec, status: str, error: str, run_id: str, accele
                             techniques=techniques, hardware=hardware, versions=versions())
 
 
-def planner_functions() -> tuple[Callable | None, Callable | None]:
-    """The planner's ``predict_peak_mib`` and ``largest_batch``, where it has them."""
-    try:
-        from modelwright import planner
-    except ImportError:
-        return None, None
-    return getattr(planner, "predict_peak_mib", None), getattr(planner, "largest_batch", None)
-
-
 def profile_baseline(resolved: Mapping) -> dict:
     """One profiled fp32 step of the baseline's model, batch and optimizer (``measure.profile``), made in this
     process before any run it predicts: what every prediction of the study starts from."""
@@ -173,18 +161,15 @@ def profile_baseline(resolved: Mapping) -> dict:
     from modelwright.train.models import build_model, checkpoint_segments
     from modelwright.train.optim import build_optimizer
 
-    def cfg(key: str, default: Any = None) -> Any:
-        return get_path(resolved, key, default)
-
+    m, batch = resolved["model"], int(get_path(resolved, "data.batch_size"))
     torch.manual_seed(0)
-    net, batch = build_model(cfg("model.model_name"), cfg("model.num_classes", 10)), int(cfg("data.batch_size"))
-    layout = torch.channels_last if cfg("model.channels_last") else torch.contiguous_format
+    net = build_model(m["model_name"], m["num_classes"])
+    layout = torch.channels_last if m["channels_last"] else torch.contiguous_format
     net.to(memory_format=layout)
-    opt = build_optimizer(net.parameters(), optimizer=cfg("model.optimizer"), lr=cfg("model.lr"),
-                          momentum=cfg("model.momentum", 0.9), weight_decay=cfg("model.weight_decay"),
-                          optimizer_impl=cfg("model.optimizer_impl", "auto"))
+    opt = build_optimizer(net.parameters(), **{k: m[k] for k in ("optimizer", "lr", "momentum", "weight_decay",
+                                                                 "optimizer_impl")})
     x = torch.randn(batch, 3, 32, 32).contiguous(memory_format=layout)
-    y = torch.randint(0, cfg("model.num_classes", 10), (batch,))
+    y = torch.randint(0, m["num_classes"], (batch,))
 
     def step() -> None:
         F.cross_entropy(net(x), y).backward()
@@ -197,8 +182,7 @@ def profile_baseline(resolved: Mapping) -> dict:
         with contextlib.suppress(ConfigError):
             segments[granularity] = checkpoint_segments(net, granularity)
     return {"run_id": f"profile-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}", "created_at": rec.now_iso(),
-            "provenance": rec.provenance(), "techniques": {"model_name": cfg("model.model_name"),
-                                                           "micro_batch_size": batch},
+            "provenance": rec.provenance(), "techniques": {"model_name": m["model_name"], "micro_batch_size": batch},
             "profile": profile_step(net, step, batch, [opt], [x, y], segments)}
 
 
@@ -207,28 +191,22 @@ def say(text: str) -> None:
     tqdm.write(text, file=sys.stderr)
 
 
-class Progress:
-    """A tqdm bar over the runs to execute (on a terminal only), and one line per run."""
+class Progress(tqdm):
+    """A bar over the runs to execute, on a terminal only."""
 
     def __init__(self, to_run: int) -> None:
-        self.bar = tqdm(total=to_run, unit="run", file=sys.stderr, disable=None, dynamic_ncols=True, leave=False)
-        self.say = say
+        super().__init__(total=to_run, unit="run", file=sys.stderr, disable=None, dynamic_ncols=True, leave=False)
 
     def add_runs(self, n: int) -> None:
-        self.bar.total = (self.bar.total or 0) + n
-        self.bar.refresh()
+        self.total += n
+        self.refresh()
 
-    def skipped(self, label: str, why: str, counted: bool = False) -> None:
-        """A run not executed; ``counted`` if it was among the runs to execute."""
-        self.add_runs(-int(counted))
-        say(f"{label}: skipped ({why})")
 
-    def finish(self, label: str, seconds: float, record: Mapping) -> None:
-        self.bar.update(1)
-        peak, step = get_path(record, "memory.peak_allocated_mib"), get_path(record, "timing.step_time_median_ms")
-        how = f"ok, peak {fmt.sig(peak)} MiB, step {fmt.sig(step)} ms" if record["status"] == "ok" else (
-            f"{record['status']}: {record.get('error')}")
-        say(f"{label}: {how} in {fmt.duration(seconds)}")
+def _read_json(path: Path) -> dict | None:
+    with contextlib.suppress(OSError, ValueError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else None
+    return None
 
 
 class Study:
@@ -256,13 +234,9 @@ class Study:
 
     def baseline(self, model: Any) -> dict | None:
         """The profile of the plan's first run (its baseline) on ``model``: ``profile.json``, made on first use by
-        :func:`profile_baseline` before any run it predicts, or the latest ok baseline record carrying one."""
-        name = self.plan.entries[0].name
-        found = [r for r in self.done.values() if r.get("status") == "ok" and r.get("profile")
-                 and get_path(r, "study.name") == name and get_path(r, "study.kind") == "run"
-                 and get_path(r, "techniques.model_name") == model]
-        if found or self.profile_path is None:
-            return max(found, key=lambda r: r.get("created_at") or "", default=None)
+        :func:`profile_baseline`, before any run it predicts; None without predictions."""
+        if self.profile_path is None:
+            return None
         saved = _read_json(self.profile_path)
         if saved is None or get_path(saved, "techniques.model_name") != model:
             first = p.build_spec(self.plan.entries[0], 0, self.settings)
@@ -281,13 +255,15 @@ class Study:
     def predict(self, spec: p.RunSpec) -> dict | None:
         """The planner's peak for ``spec`` from the baseline's profile, appended to ``predictions.jsonl`` before
         the run starts, so that no prediction has seen its measurement."""
-        predict_peak_mib, _ = planner_functions()
-        base = self.baseline(get_path(spec.resolved, "model.model_name")) if predict_peak_mib else None
+        from modelwright import planner
+
+        base = self.baseline(get_path(spec.resolved, "model.model_name"))
         if base is None:
             return None
-        predicted = rec.to_jsonable(predict_peak_mib(base, spec.resolved))
         line = {"run": spec.name, "kind": spec.kind, "repeat": spec.repeat, "config_hash": spec.config_hash,
-                "from_run_id": base.get("run_id"), "predicted_mib": predicted, "created_at": rec.now_iso()}
+                "from_run_id": base.get("run_id"),
+                "predicted_mib": rec.to_jsonable(planner.predict_peak_mib(base, spec.resolved)),
+                "created_at": rec.now_iso()}
         rec.append_record(self.predictions_path, line, validate=False)
         return line
 
@@ -295,12 +271,12 @@ class Study:
         """The spec's record: the existing one if already recorded, else a fresh run's."""
         existing = self.recorded(spec)
         if existing is not None:
-            progress.skipped(spec.label, f"recorded: {existing.get('status')}, config {spec.config_hash}",
-                             counted=spec.kind == "budget")
+            progress.add_runs(-int(spec.kind == "budget"))  # budget runs are counted before they are known
+            say(f"{spec.label}: skipped (recorded: {existing.get('status')}, config {spec.config_hash})")
             self.skipped += 1
             return existing
         prediction = self.predict(spec)
-        progress.bar.set_description(spec.label)
+        progress.set_description(spec.label)
         run_dir = self.workdir / spec.folder
         shutil.rmtree(run_dir, ignore_errors=True)  # a stale record of an interrupted attempt must not be read back
         run_dir.mkdir(parents=True)
@@ -313,7 +289,7 @@ class Study:
         env = dict(os.environ, MODELWRIGHT_RUN_ID=run_id, MODELWRIGHT_COMMAND=" ".join(self.cmd), PYTHONUNBUFFERED="1")
         t0 = time.perf_counter()
         returncode, timed_out = run_child(args, run_dir / "output.log", env, self.run_timeout_s,
-                                          lambda s: progress.bar.set_postfix_str(fmt.duration(s)))
+                                          lambda s: progress.set_postfix_str(fmt.duration(s)))
         seconds = time.perf_counter() - t0
         output = (run_dir / "output.log").read_text(encoding="utf-8", errors="replace")
         record = _read_json(run_dir / "record.json")
@@ -343,12 +319,9 @@ class Study:
         self.done[spec.key] = record
         self.executed += 1
         self.failed += record["status"] != "ok"
-        progress.finish(spec.label, seconds, record)
+        progress.update(1)
+        peak, step = get_path(record, "memory.peak_allocated_mib"), get_path(record, "timing.step_time_median_ms")
+        how = f"ok, peak {fmt.sig(peak)} MiB, step {fmt.sig(step)} ms" if record["status"] == "ok" else (
+            f"{record['status']}: {record.get('error')}")
+        say(f"{spec.label}: {how} in {fmt.duration(seconds)}")
         return record
-
-
-def _read_json(path: Path) -> dict | None:
-    with contextlib.suppress(OSError, ValueError):
-        data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else None
-    return None

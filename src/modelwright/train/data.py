@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 import lightning.pytorch as pl
-import torch
 from torch.utils.data import DataLoader, Dataset
 
 from modelwright.train.args import DataArgs, from_hparams
@@ -82,7 +81,4 @@ class ImageDataModule(pl.LightningDataModule):
         self._resume.load_state_dict(state_dict)
 
     def val_dataloader(self) -> DataLoader:
-        # A generator of its own: each pass over a DataLoader draws a seed from its generator, by default the global
-        # RNG, so a validation would shift the next training shuffle, and a resumed run that does not repeat it
-        # (or repeats it) would shuffle differently from the uninterrupted one.
-        return image_loader(self.val_set, self.args, train=False, generator=torch.Generator().manual_seed(0))
+        return image_loader(self.val_set, self.args, train=False)

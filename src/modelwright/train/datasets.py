@@ -80,9 +80,16 @@ def image_datasets(args: DataArgs, download: bool = False) -> tuple[Dataset, Dat
 
 
 def image_loader(dataset: Dataset, args: DataArgs, train: bool, cls: type = DataLoader, **extra: Any) -> DataLoader:
-    """A loader over ``dataset``; for training shuffled (unless ``extra`` brings a sampler), partial batch dropped."""
+    """A loader over ``dataset``; for training shuffled (unless ``extra`` brings a sampler), partial batch dropped.
+
+    An evaluation loader has a generator of its own: each pass over a DataLoader draws a seed from its generator, by
+    default the global RNG, so a validation would shift the next training shuffle, and a resumed run that skips or
+    repeats one would shuffle differently from the uninterrupted run.
+    """
     if train and "sampler" not in extra:
         extra["shuffle"] = True
+    if not train:
+        extra.setdefault("generator", torch.Generator().manual_seed(0))
     return cls(
         dataset, batch_size=args.batch_size, num_workers=args.num_workers, persistent_workers=args.persistent_workers,
         pin_memory=torch.cuda.is_available(), drop_last=train, **extra,
