@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,10 @@ def _versions(log_dir: Path) -> list[Path]:
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c not in DISTRIBUTED | GPU_ONLY])
 def test_config_trains(config, tmp_path):
-    rc = cli_main(fit_args(tmp_path, "--config", f"configs/{config}", "--trainer.max_steps", "2"))
+    """Each experiment file trains and checkpoints (the two-process ones: tests/test_distributed.py). The small CNN
+    stands in for resnet18: the point is the file's techniques together, and bf16 is emulated on many CPUs."""
+    rc = cli_main(fit_args(tmp_path, "--config", f"configs/{config}", "--trainer.max_steps", "2",
+                           "--model.model_name", "smallcnn"))
     assert rc == 0
     (version,) = _versions(tmp_path)
     assert (version / "config.yaml").is_file(), "the resolved config is saved beside the logs"
@@ -39,28 +40,6 @@ def test_checkpointing_switched_off_by_its_flag(tmp_path, caplog):
     (version,) = _versions(tmp_path)
     assert not list(version.rglob("*.ckpt"))
     assert "ModelCheckpoint callback(s) of the config dropped" in caplog.text
-
-
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("config", sorted(DISTRIBUTED & set(CONFIGS)))
-def test_distributed_config_trains_on_two_cpu_processes(config, tmp_path, subprocess_env):
-    args = fit_args(
-        tmp_path, "--config", f"configs/{config}", "--trainer.max_steps", "2", "--model.model_name", "smallcnn"
-    )
-    proc = subprocess.run(
-        [sys.executable, "main.py", *args],
-        cwd=REPO_ROOT, env=subprocess_env, capture_output=True, text=True, timeout=280,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (version,) = _versions(tmp_path)
-    assert (version / "checkpoints" / "last.ckpt").exists(), "a file, or a folder for a sharded checkpoint"
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="on CUDA, fsdp.yaml is expected to run")
-def test_fsdp_on_cpu_points_to_fsdp2(tmp_path, capsys):
-    assert cli_main(fit_args(tmp_path, "--config", "configs/fsdp.yaml")) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "fsdp2.yaml" in err
 
 
 def test_print_config_shows_the_merged_config(tmp_path, capsys):

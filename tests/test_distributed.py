@@ -60,7 +60,6 @@ JOB = [
     "--trainer.max_steps", "3",
     "--trainer.max_epochs", "3",
     "--trainer.limit_val_batches", "0",
-    "--trainer.enable_checkpointing", "false",
     "--trainer.enable_progress_bar", "false",
     "--trainer.enable_model_summary", "false",
 ]
@@ -111,11 +110,13 @@ class SaveRankState(Callback):
 
 def _job_args(out_dir: Path, *config: str, batch_size: int, ranks_dir: Path | None = None) -> list[str]:
     """``fit`` arguments of the job; logs under ``out_dir/logs``, each rank's weights in ``ranks_dir``."""
-    # base.yaml's callbacks replaced: memory anatomy on step 1, the run record, and each rank's weights.
+    # base.yaml's callbacks replaced: memory anatomy on step 1, the run record, each rank's weights, and the
+    # last.ckpt a distributed run writes through base.yaml's checkpoint plugin (a folder of shards under FSDP2).
     callbacks = [
         {"class_path": "callbacks.memory_monitor.MemoryMonitor", "init_args": {"warmup_steps": 1}},
         {"class_path": "callbacks.run_record.RunRecord"},
         {"class_path": "test_distributed.SaveRankState", "init_args": {"out_dir": str(ranks_dir or out_dir / "ranks")}},
+        {"class_path": "callbacks.checkpoint.ModelCheckpoint", "init_args": {"save_last": True, "save_top_k": 0}},
     ]
     return [
         "fit", *config, *JOB, "--data.batch_size", str(batch_size),
@@ -277,6 +278,16 @@ def test_two_nodes_over_loopback_train_as_one_job(runs):
     # Identical weights alone would not prove one job (two separate jobs with one seed agree too): the world
     # size above does, and so do the weights matching the one-process batch-16 run (the "ddp" case above),
     # which a separate batch-8 job, taking 2 steps per epoch on half the set each, would miss.
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_distributed_runs_checkpoint_once(runs):
+    """configs/ddp.yaml writes one last.ckpt file (global rank 0); configs/fsdp2.yaml a folder of shards."""
+    (ddp,) = (runs["ddp"] / "node0" / "logs").glob("*/version_*/checkpoints/last.ckpt")
+    assert ddp.is_file() and torch.load(ddp, weights_only=False)["global_step"] == 3
+    assert not list((runs["ddp"] / "node1" / "logs").glob("*/version_*/checkpoints/*"))
+    (fsdp2,) = (runs["fsdp2"] / "logs").glob("*/version_*/checkpoints/last.ckpt")
+    assert fsdp2.is_dir() and len(list(fsdp2.glob("*.distcp"))) == 2
 
 
 def test_fsdp_config_carries_per_block_wrapping_and_checkpointing(capsys):

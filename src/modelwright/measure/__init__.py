@@ -27,16 +27,10 @@ from modelwright.measure.memory import (
 )
 from modelwright.measure.timing import CudaEventTimer, StepCycle, StepTimer, Window, device_sync, percentile
 
-
-def peak_cache_key(device, dtype, n=None) -> str:  # noqa: ANN001
-    """Kept for old callers that pre-filled a peak cache; the hardware peak needs none (see :func:`hardware_peak`)."""
-    return f"{device_name(device)}|{str(dtype).removeprefix('torch.')}"
-
-
 __all__ = [
     "MIB", "AnatomyUnavailable", "CudaEventTimer", "MemoryAnatomy", "StepCycle", "StepTimer", "Window",
     "channels_last_applied", "compute_dtype", "cpu_model", "device_name", "device_sync", "error_status",
     "hardware_info", "hardware_peak", "is_compiled", "meta_copy", "mfu", "one_line_error", "optimizer_impl",
-    "peak_cache_key", "peak_memory_mib", "percentile", "process_rss_peak_mib", "reset_peak_memory",
+    "peak_memory_mib", "percentile", "process_rss_peak_mib", "reset_peak_memory",
     "resolve_peak_flops", "training_flops", "versions",
 ]

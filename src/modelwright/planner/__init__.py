@@ -126,7 +126,7 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
     """Print the planner's Markdown: the advisor for a memory budget, or the scaling tables.
 
     Args:
-        record: records.jsonl to read (default: the first results/*/records.jsonl).
+        record: records.jsonl to read (default: the newest results/*/records.jsonl with a profile.json beside it).
         run_id: the record to plan from (default: the single-device baseline, a profiled one first).
         model: the model whose baseline to use (resnet18, smallcnn, vit).
         batch: samples per optimizer step for the advisor (default: the record's).
@@ -145,9 +145,11 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
     require(device in DEFAULT_PRICES, f"--device: unknown {device!r}; valid: {', '.join(DEFAULT_PRICES)}")
     require(all(n >= 1 for n in devices), f"--devices: must be integers >= 1, got {devices}")
     if record is None:
-        found = sorted(Path("results").glob("*/records.jsonl"))
+        # The newest study that profiled its baseline (the advisor needs the profile), else the newest at all.
+        found = sorted(Path("results").glob("*/records.jsonl"),
+                       key=lambda f: ((f.parent / "profile.json").is_file(), f.stat().st_mtime))
         require(bool(found), "--record: no results/*/records.jsonl to read; run `python -m modelwright study`")
-        record = found[0]
+        record = found[-1]
     require(Path(record).is_file(), f"--record: no such file {str(record)!r}")
     records = read_records(Path(record))
     ok = [r for r in records if r.get("status") == "ok" and model in (None, get_path(r, "techniques.model_name"))]
