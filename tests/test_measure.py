@@ -253,8 +253,8 @@ def test_anatomy_accumulation_needs_next_micro_batch():
     assert anatomy.end_bytes["gradients"] == _nbytes(model.parameters())
 
 
-# Peak activations of resnet18 (32×32 stem) on CPU at batch 32, forward + backward.
-_BATCH = 32
+# Peak activations of resnet18 (32×32 stem) on CPU at batch 8, forward + backward (bf16 is emulated on many CPUs).
+_BATCH = 8
 _anatomy_cache: dict[str, float] = {}
 
 
@@ -286,7 +286,7 @@ def _peak_activations_mib(variant: str) -> float:
 )
 def test_resnet18_peak_activations_drop(variant, max_ratio):
     base = _peak_activations_mib("fp32")
-    assert base > 50  # batch 32 fp32: about 134 MiB
+    assert base > 20  # batch 8 fp32: about 29 MiB
     ratio = _peak_activations_mib(variant) / base
     assert ratio <= max_ratio, f"{variant}: peak activations {ratio:.0%} of fp32, want <= {max_ratio:.0%}"
 
