@@ -52,6 +52,15 @@ class StepTimeMonitor(Measurement):
         self.flops_per_micro_batch: int | None = None
         self.flops_per_step: int | None = None
         self.peak: tuple[float | None, str | None, str | None] = (None, None, None)  # FLOP/s, source, method
+        self._unsharded: torch.nn.Module | None = None
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        # A meta copy of the network before the strategy shards it: FSDP2's sharded modules cannot be copied. The
+        # count is the same with or without gradient checkpointing (model FLOPs, recomputation not counted).
+        try:
+            self._unsharded = measure.meta_copy(unwrap_net(pl_module, self.module_attr))
+        except Exception:
+            self._unsharded = None
 
     def on_train_start(self, trainer, pl_module) -> None:
         device = pl_module.device
@@ -94,7 +103,12 @@ class StepTimeMonitor(Measurement):
 
     def _count_flops(self, trainer, net: torch.nn.Module, batch) -> None:
         try:
-            self.flops_per_micro_batch = measure.training_flops(net, first_tensor(batch))
+            try:
+                self.flops_per_micro_batch = measure.training_flops(net, first_tensor(batch))
+            except Exception:
+                if self._unsharded is None:
+                    raise
+                self.flops_per_micro_batch = measure.training_flops(self._unsharded, first_tensor(batch))
         except Exception as err:
             warnings.warn(f"StepTimeMonitor: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
             return

@@ -114,6 +114,7 @@ def _job_args(out_dir: Path, *config: str, batch_size: int, ranks_dir: Path | No
     # last.ckpt a distributed run writes through base.yaml's checkpoint plugin (a folder of shards under FSDP2).
     callbacks = [
         {"class_path": "callbacks.memory_monitor.MemoryMonitor", "init_args": {"warmup_steps": 1}},
+        {"class_path": "callbacks.step_timer.StepTimeMonitor", "init_args": {"warmup_steps": 1}},
         {"class_path": "callbacks.run_record.RunRecord"},
         {"class_path": "test_distributed.SaveRankState", "init_args": {"out_dir": str(ranks_dir or out_dir / "ranks")}},
         {"class_path": "callbacks.checkpoint.ModelCheckpoint", "init_args": {"save_last": True, "save_top_k": 0}},
@@ -260,6 +261,16 @@ def test_per_rank_state_memory_halves_under_fsdp2_and_stays_flat_under_ddp(runs)
         assert ddp_peak[key] == pytest.approx(peak[key], rel=0.01), key
         assert HALF_MIN <= fsdp2_peak[key] / peak[key] <= HALF_MAX, key
     assert fsdp2_peak["parameters"] > fsdp2["memory"]["anatomy_end_mib"]["parameters"]
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_flops_are_counted_under_every_strategy(runs):
+    """A rank's step is half the batch: half the FLOPs of one process's, FSDP2's sharded network included."""
+    single, ddp, fsdp2 = (_record(path)["flops"] for path in (runs["single"], runs["ddp"] / "node0", runs["fsdp2"]))
+    assert single["flops_per_step"] > 0
+    for flops in (ddp, fsdp2):
+        assert flops["flops_per_step"] * 2 == single["flops_per_step"]
+        assert flops["mfu"] is not None and 0 < flops["mfu"] < 1
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
