@@ -31,7 +31,7 @@ def pytest_configure(config) -> None:
 SLOW = (
     "test_distributed.py::", "test_tiny_study_", "test_a_rerun_skips_what_is_recorded",
     "test_a_killed_study_leaves_no_child", "test_smoke_three_loops", "test_cpu_defaults_smoke",
-    "test_callback_overhead_smoke", "test_check_imports_resolves_the_plans", "test_ddp_rank_failure_ends_the_job",
+    "test_check_imports_resolves_the_plans", "test_ddp_rank_failure_ends_the_job",
     "test_sigkill_at_every_kill_point", "test_ddp_two_cpu_processes_rank_zero", "test_two_cpu_processes_with_torchrun",
     "test_ddp_gradient_buckets_are_communication_buffers",
 )

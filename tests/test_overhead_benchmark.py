@@ -43,14 +43,13 @@ def test_step_and_epoch_times_across_epochs():
 
 
 @pytest.mark.slow
-def test_smoke_three_loops(tmp_path):
+def test_smoke_three_loops(tmp_path, capsys):
+    """The benchmark's parent in this process; each loop still runs in a fresh worker process of its own."""
     out = tmp_path / "overhead.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", "smallcnn", "--batch-size", "8", "--warmup", "1", "--steps", "2",
-         "--repeats", "1", "--train-size", "64", "--accelerator", "cpu", "--out", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=540,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    code = _load().main(["--model", "smallcnn", "--batch-size", "8", "--warmup", "1", "--steps", "2", "--repeats", "1",
+                         "--train-size", "64", "--accelerator", "cpu", "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout[-2000:]
     results = json.loads(out.read_text())
     assert set(results["loops"]) == {"raw", "accelerate", "lightning"}
     for name, loop in results["loops"].items():
@@ -66,7 +65,7 @@ def test_smoke_three_loops(tmp_path):
         assert ratio == pytest.approx(medians[name] / medians["raw"])
         assert ratio > 0
     assert results["hardware"]["accelerator"] == "cpu" and results["versions"]["torch"]
-    assert proc.stdout.strip().splitlines()[-1].startswith("lightning / raw")
+    assert stdout.strip().splitlines()[-1].startswith("lightning / raw")
 
 
 def _load_script(name: str):
@@ -143,16 +142,13 @@ def test_cpu_defaults_rejects_an_unknown_group_before_any_work(monkeypatch):
     )
 
 
-def test_callback_overhead_smoke(tmp_path):
+def test_callback_overhead_smoke(tmp_path, monkeypatch):
     """The benchmark builds the CLI with run=False: the base config's checks and flags must hold there too."""
     out = tmp_path / "callback_overhead.json"
-    proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "benchmarks" / "callback_overhead.py"), "--model", "smallcnn",
-         "--batch-size", "8", "--steps", "6", "--warmup", "2", "--repeats", "1", "--accelerator", "cpu",
-         "--out", str(out)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=540,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    monkeypatch.setattr(sys, "argv", ["callback_overhead.py"])
+    monkeypatch.chdir(REPO_ROOT)
+    _load_script("callback_overhead").main(["--model", "smallcnn", "--batch-size", "8", "--steps", "6", "--warmup",
+                                            "2", "--repeats", "1", "--accelerator", "cpu", "--out", str(out)])
     result = json.loads(out.read_text())
     assert len(result["pair_ratios"]) == 1 and result["hooks_ms_per_step"]["steps"] >= 1
     assert 0 <= result["hooks_fraction_of_step"] < 1
