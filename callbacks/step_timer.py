@@ -52,15 +52,15 @@ class StepTimeMonitor(Measurement):
         self.flops_per_micro_batch: int | None = None
         self.flops_per_step: int | None = None
         self.peak: tuple[float | None, str | None, str | None] = (None, None, None)  # FLOP/s, source, method
-        self._unsharded: torch.nn.Module | None = None
+        self._meta_net: torch.nn.Module | None = None
 
     def setup(self, trainer, pl_module, stage) -> None:
-        # A meta copy of the network before the strategy shards it: FSDP2's sharded modules cannot be copied. The
-        # count is the same with or without gradient checkpointing (model FLOPs, recomputation not counted).
+        # FLOPs are counted on a meta copy of the network made before the strategy shards it: FSDP2's sharded modules
+        # cannot be copied. Checkpointing, compile and memory format applied later change no model FLOP.
         try:
-            self._unsharded = measure.meta_copy(unwrap_net(pl_module, self.module_attr))
+            self._meta_net = measure.meta_copy(unwrap_net(pl_module, self.module_attr))
         except Exception:
-            self._unsharded = None
+            self._meta_net = None
 
     def on_train_start(self, trainer, pl_module) -> None:
         device = pl_module.device
@@ -102,13 +102,9 @@ class StepTimeMonitor(Measurement):
         self.timer.start()
 
     def _count_flops(self, trainer, net: torch.nn.Module, batch) -> None:
+        net = self._meta_net if self._meta_net is not None else net
         try:
-            try:
-                self.flops_per_micro_batch = measure.training_flops(net, first_tensor(batch))
-            except Exception:
-                if self._unsharded is None:
-                    raise
-                self.flops_per_micro_batch = measure.training_flops(self._unsharded, first_tensor(batch))
+            self.flops_per_micro_batch = measure.training_flops(net, first_tensor(batch))
         except Exception as err:
             warnings.warn(f"StepTimeMonitor: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
             return
