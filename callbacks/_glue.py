@@ -38,25 +38,22 @@ def log_scalars(trainer: pl.Trainer, metrics: Mapping[str, float | None]) -> Non
         logger.log_metrics(clean, step=trainer.global_step)
 
 
-def log_every(trainer: pl.Trainer, own: int | None) -> int:
-    """Logging interval in optimizer steps: the callback's own, else the Trainer's ``log_every_n_steps``."""
+def log_every(trainer: pl.Trainer, own: int | None) -> int:  # the callback's own interval, else the Trainer's
     return max(1, int(own if own is not None else trainer.log_every_n_steps or 1))
 
 
-def first_tensor(batch: Any) -> torch.Tensor | None:
-    """The first tensor of a batch: itself, or the first in its tuples, lists and dicts."""
+def first_tensor(batch: Any) -> torch.Tensor | None:  # itself, or the first in its tuples, lists and dicts
     return next((t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)), None)
 
 
 def batch_size_of(batch: Any) -> int | None:
-    """Samples in a micro-batch: the leading dimension of its first tensor."""
     t = first_tensor(batch)
     return int(t.shape[0]) if t is not None and t.ndim > 0 else None
 
 
-def unwrap_net(pl_module: pl.LightningModule, attr: str = "net") -> torch.nn.Module:
-    """The network inside the LightningModule (``pl_module.<attr>``), or the module itself."""
-    net = getattr(pl_module, attr, None)
+def unwrap_net(pl_module: pl.LightningModule) -> torch.nn.Module:
+    """The network inside the LightningModule (``pl_module.net``), or the module itself."""
+    net = getattr(pl_module, "net", None)
     return net if isinstance(net, torch.nn.Module) else pl_module
 
 

@@ -21,8 +21,7 @@ class NonFiniteLossError(FloatingPointError):
     """The training loss was NaN or infinite (raised by :class:`NonFiniteLossGuard` on every rank alike)."""
 
 
-# A micro-batch's loss: finite (a bool tensor on the loss's device: read on the host only when checked), the loss,
-# and where: step (trainer.global_step while it ran: the optimizer step it belongs to), epoch and batch_idx.
+# A micro-batch's loss (``finite``: a device bool tensor, read only when checked) and its optimizer step, epoch, batch.
 _MicroBatch = namedtuple("_MicroBatch", "finite loss step epoch batch_idx")
 
 
@@ -32,13 +31,12 @@ class NonFiniteLossGuard(Measurement):
 
     Args:
         on_nonfinite: ``stop``: raise :class:`NonFiniteLossError` naming the step; ``skip``: drop the optimizer step
-            (gradients set to ``None`` before it: parameters and optimizer state stay), put back the buffers its
-            forwards changed (BatchNorm's statistics, copied at the step's first micro-batch), and count it.
+            (gradients set to ``None``: parameters and optimizer state stay), put back the buffers its forwards
+            changed (BatchNorm's statistics), and count it.
         max_skipped_steps: with ``skip``, stop once more than this many steps were skipped; ``None``: never.
 
-    A step is named by ``trainer.global_step`` while it ran (the first is step 0); with gradient accumulation, one
-    non-finite micro-batch loss condemns its step. One host read per batch (``stop``: after its optimizer step is
-    queued; ``skip``: before it), and under DDP a one-element all-reduce so that every rank decides alike.
+    A step is named by ``trainer.global_step`` while it ran; one non-finite micro-batch loss condemns its step.
+    One host read per batch, and under DDP a one-element all-reduce so that every rank decides alike.
     """
 
     def __init__(self, on_nonfinite: Literal["stop", "skip"] = "stop", max_skipped_steps: int | None = None) -> None:
@@ -60,11 +58,10 @@ class NonFiniteLossGuard(Measurement):
         if self.on_nonfinite == "skip" and not self._pending:  # the first micro-batch of a step
             self._buffers = [b.detach().clone() for b in pl_module.buffers()]
 
-    def on_before_backward(self, trainer, pl_module, loss) -> None:
-        if trainer.training:
-            loss, batch_idx = loss.detach(), trainer.fit_loop.epoch_loop.batch_idx
-            micro = _MicroBatch(torch.isfinite(loss).all(), loss, trainer.global_step, trainer.current_epoch, batch_idx)
-            self._pending.append(micro)
+    def on_before_backward(self, trainer, pl_module, loss) -> None:  # training only: validation has no backward
+        loss, batch_idx = loss.detach(), trainer.fit_loop.epoch_loop.batch_idx
+        micro = _MicroBatch(torch.isfinite(loss).all(), loss, trainer.global_step, trainer.current_epoch, batch_idx)
+        self._pending.append(micro)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         if (scale := _scale(trainer)) is not None:
@@ -125,9 +122,8 @@ class NonFiniteLossGuard(Measurement):
                 "scaler_skipped_steps": self.scaler_skipped_steps}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.skipped_steps = int(state_dict.get("skipped_steps", 0))
-        self.skipped_at = list(state_dict.get("skipped_at", []))
-        scaler_skipped = state_dict.get("scaler_skipped_steps")
+        self.skipped_steps, self.skipped_at = state_dict["skipped_steps"], list(state_dict["skipped_at"])
+        scaler_skipped = state_dict["scaler_skipped_steps"]
         self._scaler_skipped = torch.tensor(scaler_skipped) if scaler_skipped is not None else 0
 
 
@@ -142,14 +138,13 @@ class GracefulStop(Callback):
     under DDP, a failure ends every process, promptly.
 
     Args:
-        filename: checkpoint written on SIGTERM, in the first ``ModelCheckpoint``'s folder (``--ckpt_path last``
-            picks the newest ``last*.ckpt``); a run without a ``ModelCheckpoint`` (a study run) writes none.
+        filename: checkpoint written on SIGTERM in the first ``ModelCheckpoint``'s folder (none without one).
         exit_code: exit status of a process stopped by SIGTERM (128 + 15, the shell's convention).
 
-    Under DDP (where Lightning's launcher SIGKILLs every rank ~5 s after a child rank exits non-zero), a stop every
-    rank takes (SIGTERM, which Lightning broadcasts; :class:`NonFiniteLossError`) ends with a barrier after rank 0's
-    checkpoint and record (list this after ``RunRecord``: ``on_exception`` runs in list order); any other exception
-    on rank 0 SIGKILLs the child ranks as it exits, or they would hold memory till the process-group timeout.
+    Under DDP Lightning's launcher SIGKILLs every rank ~5 s after a child rank fails. A stop every rank takes
+    (SIGTERM, :class:`NonFiniteLossError`) ends with a barrier after rank 0's checkpoint and record (list this after
+    ``RunRecord``: ``on_exception`` runs in list order); any other exception on rank 0 SIGKILLs the child ranks as
+    it exits, or they would hold memory till the process-group timeout.
     """
 
     def __init__(self, filename: str = "last", exit_code: int = 128 + signal.SIGTERM) -> None:

@@ -1,9 +1,8 @@
 """Peak memory over a window of optimizer steps, and where it went on one step: ``mem/*`` (docs/measurement.md).
 
 On CUDA the allocator's peaks are reset when the window opens. On one step :class:`modelwright.measure.MemoryAnatomy`
-splits the tensors into categories, at that step's peak (the record; TensorBoard: one figure and table, and
-``mem/anatomy_total_mib``); the capture spans the step's accumulation cycle and slows it down, so the step timer
-leaves it out. On CPU, with no allocator peak, ``peak_allocated_mib`` is the capture's peak total.
+splits the tensors into categories at the step's peak; the capture spans its accumulation cycle and slows it, so the
+step timer leaves it out. On CPU, with no allocator peak, ``peak_allocated_mib`` is the capture's peak total.
 """
 
 from __future__ import annotations
@@ -40,13 +39,9 @@ class MemoryMonitor(Measurement):
         self.warmup_steps, self.anatomy, self.anatomy_step = warmup_steps, anatomy, anatomy_step
         self.log_every_n_steps, self._every = log_every_n_steps, 1
         self.cycle, self.device = measure.StepCycle(), torch.device("cpu")
-        self.peak_allocated_mib: float | None = None
-        self.peak_reserved_mib: float | None = None
-        self.anatomy_mib: dict[str, float] | None = None
-        self.anatomy_end_mib: dict[str, float] | None = None
-        self.captured_step: int | None = None
-        self.anatomy_caveat: str | None = None
-        self._capture_at: int | None = None
+        # What the window and the captured step measured (MiB; the anatomy by category), for the record.
+        self.peak_allocated_mib = self.peak_reserved_mib = self.anatomy_mib = self.anatomy_end_mib = None
+        self.captured_step = self.anatomy_caveat = self._capture_at = None
         self._tracker: measure.MemoryAnatomy | None = None
 
     def perturbs(self, step: int) -> bool:
@@ -56,7 +51,7 @@ class MemoryMonitor(Measurement):
         self.device, self.cycle = pl_module.device, measure.StepCycle()
         self._every = log_every(trainer, self.log_every_n_steps)
         first = trainer.global_step  # not 0 when resuming from a checkpoint
-        self._capture_at = self.anatomy_step if self.anatomy_step is not None else first + self.warmup_steps
+        self._capture_at = first + self.warmup_steps if self.anatomy_step is None else self.anatomy_step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if not self.cycle.begin(trainer.global_step):
@@ -66,10 +61,8 @@ class MemoryMonitor(Measurement):
             return
         if self.cycle.cycles == self.warmup_steps:  # the step that begins now opens the window
             measure.reset_peak_memory(self.device)
-        if self.anatomy and self.captured_step is None and trainer.global_step == self._capture_at:
-            self._start_capture(trainer, pl_module, batch)
-
-    def _start_capture(self, trainer, pl_module, batch: Any) -> None:
+        if not self.anatomy or self.captured_step is not None or trainer.global_step != self._capture_at:
+            return
         tracker = measure.MemoryAnatomy(self.device, explicit_optimizer_update=True)
         # An in-memory dataset (TensorDataset) is data, not activations, whenever the capture touches it.
         dataset = getattr(getattr(trainer, "train_dataloader", None), "dataset", None)
@@ -108,10 +101,9 @@ class MemoryMonitor(Measurement):
         if peaks.get("peak_allocated_mib") is not None:  # CUDA
             self.peak_allocated_mib, self.peak_reserved_mib = peaks["peak_allocated_mib"], peaks["peak_reserved_mib"]
         if scalars or trainer.global_step % self._every == 0:
-            scalars["mem/peak_allocated_mib"] = self.peak_allocated_mib
-            scalars["mem/peak_reserved_mib"] = self.peak_reserved_mib
-            scalars["mem/process_rss_peak_mib"] = measure.process_rss_peak_mib()
-            log_scalars(trainer, scalars)
+            log_scalars(trainer, {**scalars, "mem/peak_allocated_mib": self.peak_allocated_mib,
+                                  "mem/peak_reserved_mib": self.peak_reserved_mib,
+                                  "mem/process_rss_peak_mib": measure.process_rss_peak_mib()})
 
     def on_train_end(self, *_: Any) -> None:
         # Leaves no tracker (dispatch mode, hooks) behind when a fit ends inside the captured step.

@@ -15,20 +15,12 @@ from modelwright.measure import meta_copy
 
 
 class FlopsModelSummary(ModelSummary):
-    """The layer table of Lightning's ``ModelSummary``, its FLOPs column and total from a meta-device count.
+    """The layer table of Lightning's ``ModelSummary`` (``max_depth`` as its), FLOPs from a meta-device count.
 
     Lightning's counts only a forward of ``example_input_array`` on the device (``0 Total Flops`` without one). This
-    counts a forward and backward of a meta-device copy of the network (nothing runs) on a micro-batch shaped like
-    the data: the figure the step timer divides by step time for MFU.
-
-    Args:
-        max_depth: as ``ModelSummary``'s: layers nested deeper are not listed.
-        module_attr: attribute of the LightningModule holding the network.
+    counts a forward and backward of a meta-device copy of the network (nothing runs) on a micro-batch shaped
+    like the data: the figure the step timer divides by step time for MFU.
     """
-
-    def __init__(self, max_depth: int = 1, module_attr: str = "net") -> None:
-        super().__init__(max_depth=max_depth)
-        self.module_attr = module_attr
 
     def _summary(self, trainer, pl_module) -> Summary:
         summary = Summary(pl_module, self._max_depth)  # Lightning's table, its FLOP counter filled here
@@ -39,15 +31,15 @@ class FlopsModelSummary(ModelSummary):
                 dm = trainer.datamodule
                 sample = first_tensor(dm.train_set[0])
                 x = sample.expand(dm.hparams["batch_size"], *sample.shape)
-            net = meta_copy(unwrap_net(pl_module, self.module_attr)).train()
+            net = meta_copy(unwrap_net(pl_module)).train()
             with counter:  # entering it clears what an example_input_array forward counted
                 net(x.to("meta")).float().sum().backward()
         except Exception as err:  # a sharded network (FSDP2 cannot be copied), no example: a table without FLOPs
             warnings.warn(f"FlopsModelSummary: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
             counter.flop_counts.clear()
             return summary
-        # The summary names a layer "<LightningModule class>.<attribute>"; the counter saw the network as its root.
-        root, owner = type(net).__name__, f"{type(pl_module).__name__}.{self.module_attr}"
+        # The summary names a layer "<LightningModule class>.net"; the counter saw the network as its root.
+        root, owner = type(net).__name__, f"{type(pl_module).__name__}.net"
         counts = {(owner + name[len(root):] if name == root or name.startswith(root + ".") else name): ops
                   for name, ops in counter.flop_counts.items()}
         counter.flop_counts.clear()
@@ -60,4 +52,3 @@ class FlopsModelSummary(ModelSummary):
         table = _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes,
                                       total_flops, *summary_data)
         log.info("\n" + table.replace("Total Flops", "Training FLOPs per micro-batch (forward + backward)"))
-

@@ -1,9 +1,8 @@
-"""A progress bar that redraws at most every ``min_interval_s`` seconds.
-
-Lightning's ``TQDMProgressBar`` redraws after every batch, and a redraw costs milliseconds: on the small CNN (0.3 s
-steps on 2 CPU cores) that was the whole of the Lightning loop's lead over a raw loop (``benchmarks/overhead.py
---model smallcnn --epoch``). A ``refresh_rate`` of N batches would leave a resnet18 step of seconds without news
-for N of them; a clock does not. (tqdm's ``mininterval`` does not apply: Lightning calls ``refresh()`` itself.)
+"""A progress bar that redraws at most every ``min_interval_s`` seconds: Lightning's ``TQDMProgressBar`` redraws
+after every batch, at milliseconds a redraw; on the small CNN that was the whole of the Lightning loop's lead over a
+raw loop (``benchmarks/overhead.py --model smallcnn --epoch``). A ``refresh_rate`` of N batches would leave
+resnet18's steps of seconds without news; a clock does not. (tqdm's ``mininterval`` does not apply: Lightning calls
+``refresh()`` itself.)
 """
 
 from __future__ import annotations
@@ -28,17 +27,16 @@ class ThrottledProgressBar(TQDMProgressBar):
     def on_train_end(self, trainer, pl_module) -> None:
         # A run stopped mid-epoch (max_steps, a signal) ends on its true count, not the last throttled redraw.
         bar, done = self._train_progress_bar, trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        if bar is not None and not bar.disable and bar.n != done:  # done: the batches of this epoch
+        if bar is not None and not bar.disable and bar.n != done:
             bar.n = done
             bar.set_postfix(self.get_metrics(trainer, pl_module))
             bar.refresh()
         super().on_train_end(trainer, pl_module)
 
     def _should_update(self, current: int, total: int) -> bool:  # TQDMProgressBar's one decision point
-        if not super()._should_update(current, total):
-            return False
         now = self._clock()
-        if current == total or now - self._last_redraw >= self.min_interval_s:
+        due = current == total or now - self._last_redraw >= self.min_interval_s
+        if due and super()._should_update(current, total):
             self._last_redraw = now
             return True
         return False

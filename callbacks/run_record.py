@@ -1,9 +1,6 @@
-"""One JSON record per run (:func:`modelwright.record.build_record`), and what the run tells its user.
-
-At the end of ``fit`` the sections of every :class:`~callbacks._glue.Measurement` (``docs/record-schema.md``) make
-the record; global rank 0 alone writes it, prints a short summary and puts it, with the memory anatomy as a table
-and a stacked bar, into TensorBoard (with a custom-scalars layout). A fit that raises still leaves a record, with
-status ``failed``, ``oom``, ``interrupted`` or ``diverged``; a ``fast_dev_run`` (a dummy logger) writes none.
+"""One JSON record per run from every :class:`~callbacks._glue.Measurement`'s sections (docs/record-schema.md);
+global rank 0 writes it, prints a summary and puts it, with the memory anatomy, into TensorBoard. A fit that raises
+still leaves a record (``failed``, ``oom``, ``interrupted``, ``diverged``); a ``fast_dev_run`` writes none.
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -56,10 +52,8 @@ class RunRecord(Callback):
         self.record_path, self.records_jsonl, self.run_id = record_path, records_jsonl, run_id
         self.history, self.log_every_n_steps, self.summary = history, log_every_n_steps, summary
         self.record: dict[str, Any] | None = None
-        self.written_to: Path | None = None  # the record.json
+        self.written_to = self._micro_batch_size = self._t0 = None  # the record.json; _t0: when the fit started
         self._history: dict[str, list[list[float]]] = {}  # metric: [[step, value], ...]
-        self._micro_batch_size: int | None = None
-        self._t0: float | None = None  # when the fit started
         self._cycle, self._every, self._done = measure.StepCycle(), 1, False
 
     def on_fit_start(self, trainer, pl_module) -> None:
@@ -123,38 +117,31 @@ class RunRecord(Callback):
         writers = _tensorboards(trainer)
         lines = _summary_lines(record, _relative(self.written_to), _relative(_log_dir(trainer)) if writers else None)
         print("\n" + "\n".join(lines), flush=True)  # after the progress bar closed (on_train_end)
-        memory = record.get("memory") or {}
-        rows = _anatomy_rows(memory)
-        table = "| category | MiB |\n|:--|--:|\n" + "".join(f"| {k} | {v:.1f} |\n" for k, v in rows)
+        rows, step = _anatomy_rows(record["memory"]), trainer.global_step
         for writer in writers:
-            writer.add_text("run/summary", "\n".join(f"    {line}" for line in lines), trainer.global_step)
+            writer.add_text("run/summary", "\n".join(f"    {line}" for line in lines), step)
             if rows:
-                writer.add_text("mem/anatomy", table, trainer.global_step)
-                writer.add_figure("mem/anatomy", _anatomy_figure(rows, memory.get("anatomy_step")), trainer.global_step)
+                writer.add_text("mem/anatomy", "| category | MiB |\n|:--|--:|\n" + "".join(
+                    f"| {k} | {v:.1f} |\n" for k, v in rows), step)
+                writer.add_figure("mem/anatomy", _anatomy_figure(rows, record["memory"]["anatomy_step"]), step)
             writer.flush()
 
     def build(self, trainer, pl_module, status: str = "ok", error: str | None = None) -> dict[str, Any]:
         """The record of this run as it stands (JSON-ready, validated when written)."""
-        sections: dict[str, dict] = {}
+        sections = {"timing": {"wall_time_s": None if self._t0 is None else time.perf_counter() - self._t0},
+                    "memory": {"model_parameters": sum(p.numel() for p in unwrap_net(pl_module).parameters())}}
         for m in measurements(trainer):
             for name, values in m.record_sections(trainer, pl_module).items():
                 sections[name] = {**sections.get(name, {}), **values}
         if (sections.get("faults") or {}).get("diverged"):
             status = "diverged"
         config = _resolved_config(trainer, pl_module)
-        timing = sections.pop("timing", {})
-        if self._t0 is not None:
-            timing["wall_time_s"] = time.perf_counter() - self._t0
-        net = unwrap_net(pl_module)
-        memory = {**sections.pop("memory", {}), "model_parameters": sum(p.numel() for p in net.parameters())}
-        metrics = {k: _scalar(v) for k, v in trainer.callback_metrics.items() if not k.startswith(("perf/", "mem/"))}
         record = build_record(
             loop="lightning", status=status, error=error, run_id=self.run_id, config=config,
             techniques=_techniques(trainer, pl_module, config, self._micro_batch_size),
             hardware=measure.hardware_info(pl_module.device, num_devices=trainer.num_devices),
-            versions=measure.versions(), timing=timing, memory=memory,
-            metrics={**dict.fromkeys(METRIC_KEYS), **metrics},
-            history={k: list(v) for k, v in self._history.items()}, **sections,
+            versions=measure.versions(), history={k: list(v) for k, v in self._history.items()}, **sections,
+            metrics={k: _scalar(v) for k, v in trainer.callback_metrics.items() if not k.startswith(("perf/", "mem/"))},
         )
         self.run_id = record["run_id"]  # the same id for a record rebuilt after an error
         return record
@@ -184,12 +171,10 @@ def _resolved_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict
     """LightningCLI's resolved config (from its SaveConfigCallback), else the hyperparameters."""
     saver = next((cb for cb in trainer.callbacks if isinstance(cb, SaveConfigCallback)), None)
     config = to_jsonable(getattr(saver, "config", None))
-    if isinstance(config, dict):
-        return _portable(config, os.getcwd() + os.sep)
-    config = {"model": to_jsonable(dict(pl_module.hparams))}
-    if hasattr(trainer.datamodule, "hparams"):
-        config["data"] = to_jsonable(dict(trainer.datamodule.hparams))
-    return config
+    if not isinstance(config, dict):
+        data = getattr(trainer.datamodule, "hparams", {})
+        config = to_jsonable({"model": dict(pl_module.hparams), "data": dict(data)})
+    return _portable(config, os.getcwd() + os.sep)
 
 
 def _portable(value: Any, cwd: str) -> Any:
@@ -202,11 +187,8 @@ def _portable(value: Any, cwd: str) -> Any:
     return value[len(cwd):] if isinstance(value, str) and value.startswith(cwd) else value
 
 
-def _scalar(value: Any) -> float | None:
-    try:
-        return None if value is None else float(value.detach() if isinstance(value, torch.Tensor) else value)
-    except (TypeError, ValueError):
-        return None
+def _scalar(value: Any) -> float | None:  # a logged metric: a number or a one-element tensor
+    return None if value is None else float(value)
 
 
 def _log_dir(trainer: pl.Trainer) -> str:
@@ -215,8 +197,7 @@ def _log_dir(trainer: pl.Trainer) -> str:
     return getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None) or trainer.default_root_dir
 
 
-def _relative(path: str | Path | None) -> str | None:
-    """``path`` relative to the working directory where it lies inside it (shorter to read and to copy)."""
+def _relative(path: str | Path | None) -> str | None:  # inside the working directory: shorter to read and to copy
     path, cwd = None if path is None else Path(path).resolve(), Path.cwd()
     return None if path is None else str(path.relative_to(cwd) if path.is_relative_to(cwd) else path)
 
@@ -231,7 +212,6 @@ def _anatomy_rows(memory: dict[str, Any], top: int | None = None) -> list[tuple[
 
 
 def _summary_lines(record: dict[str, Any], record_path: str | None, log_dir: str | None) -> list[str]:
-    """The end-of-run summary: techniques, step time and spread, throughput, memory, MFU, where things went."""
     from modelwright.report.fmt import pct, sig
 
     tech, timing, flops, memory = (record.get(k) or {} for k in ("techniques", "timing", "flops", "memory"))

@@ -1,10 +1,9 @@
 """Step time over a window of optimizer steps, throughput, FLOPs and MFU: ``perf/*`` (docs/measurement.md).
 
-A step spans all micro-batches of one optimizer step, from ``on_train_batch_start`` of the first to
-``on_train_batch_end`` of the last; steps another :class:`~callbacks._glue.Measurement` disturbs are left out.
-Lightning's ``ThroughputMonitor`` gives running means only; the record needs the median and p90 of a window.
-FLOPs are counted once, before the first step is timed (model FLOPs: no recomputation). MFU's peak is
-``peak_flops_per_s`` if set, else :func:`modelwright.measure.hardware_peak`, else Lightning's GPU table.
+A step spans all micro-batches of one optimizer step; steps another :class:`~callbacks._glue.Measurement` disturbs
+are left out. Lightning's ``ThroughputMonitor`` gives running means only; the record needs a window's median and p90.
+FLOPs are model FLOPs (no recomputation), counted before the first step is timed. MFU's peak is ``peak_flops_per_s``
+if set, else :func:`modelwright.measure.hardware_peak`, else Lightning's GPU table.
 """
 
 from __future__ import annotations
@@ -29,15 +28,12 @@ class StepTimeMonitor(Measurement):
         log_every_n_steps: how often to log ``perf/*``; default the Trainer's ``log_every_n_steps``.
         cuda_timing: on CUDA, ``events`` (no host stall per step) or ``synchronize`` (before each clock reading).
         peak_flops_per_s: peak FLOP/s of one device in the run's compute dtype; ``None``: the hardware's.
-        module_attr: attribute of the LightningModule holding the network whose FLOPs are counted.
     """
 
     def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None, log_every_n_steps: int | None = None,
-                 cuda_timing: Literal["events", "synchronize"] = "events", peak_flops_per_s: float | None = None,
-                 module_attr: str = "net") -> None:
+                 cuda_timing: Literal["events", "synchronize"] = "events",
+                 peak_flops_per_s: float | None = None) -> None:
         super().__init__()
-        if cuda_timing not in ("events", "synchronize"):
-            raise ValueError(f"StepTimeMonitor.cuda_timing: {cuda_timing!r}; valid: events, synchronize")
         if peak_flops_per_s is not None and peak_flops_per_s <= 0:
             raise ValueError(f"StepTimeMonitor.peak_flops_per_s: must be positive or null, got {peak_flops_per_s}")
         try:
@@ -45,12 +41,9 @@ class StepTimeMonitor(Measurement):
         except ValueError as err:
             raise ValueError(f"StepTimeMonitor: {err}") from None
         self.warmup_steps, self.measure_steps, self.log_every_n_steps = warmup_steps, measure_steps, log_every_n_steps
-        self.cuda_timing, self.peak_flops_per_s_config, self.module_attr = cuda_timing, peak_flops_per_s, module_attr
+        self.cuda_timing, self.peak_flops_per_s_config = cuda_timing, peak_flops_per_s
         self.cycle, self.dtype, self._every = measure.StepCycle(), torch.float32, 1
-        self.micro_batch_size: int | None = None
-        self.samples_per_step: int | None = None
-        self.flops_per_micro_batch: int | None = None
-        self.flops_per_step: int | None = None
+        self.samples_per_step = self.flops_per_micro_batch = self.flops_per_step = None
         self.peak: tuple[float | None, str | None, str | None] = (None, None, None)  # FLOP/s, source, method
         self._meta_net: torch.nn.Module | None = None
 
@@ -58,7 +51,7 @@ class StepTimeMonitor(Measurement):
         # FLOPs are counted on a meta copy of the network made before the strategy shards it: FSDP2's sharded modules
         # cannot be copied. Checkpointing, compile and memory format applied later change no model FLOP.
         try:
-            self._meta_net = measure.meta_copy(unwrap_net(pl_module, self.module_attr))
+            self._meta_net = measure.meta_copy(unwrap_net(pl_module))
         except Exception:
             self._meta_net = None
 
@@ -82,35 +75,27 @@ class StepTimeMonitor(Measurement):
             return float(self.peak_flops_per_s_config), "config", "StepTimeMonitor.peak_flops_per_s"
         try:
             peak = measure.hardware_peak(device, self.dtype)
-            if peak.flops_per_s:
-                return peak.flops_per_s, peak.source, peak.method
-            table = get_available_flops(device, self.dtype)
+            table = None if peak.flops_per_s else get_available_flops(device, self.dtype)
         except Exception as err:  # MFU is a nicety; it must not stop a run
             warnings.warn(f"StepTimeMonitor: no peak FLOP/s ({type(err).__name__}: {err})", stacklevel=2)
             return None, None, None
         if table:
             return float(table), "lightning-table", "Lightning's get_available_flops"
-        return None, None, peak.method
+        return peak.flops_per_s, peak.source, peak.method
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if not self.cycle.begin(trainer.global_step):
             return
-        if self.micro_batch_size is None and (micro := batch_size_of(batch)) is not None:
-            self.micro_batch_size = micro
+        if self.samples_per_step is None and (micro := batch_size_of(batch)) is not None:  # before the clock starts
             self.samples_per_step = micro * trainer.accumulate_grad_batches * trainer.world_size
-            self._count_flops(trainer, unwrap_net(pl_module, self.module_attr), batch)  # before the clock starts
+            net = self._meta_net if self._meta_net is not None else unwrap_net(pl_module)
+            try:
+                self.flops_per_micro_batch = measure.training_flops(net, first_tensor(batch))
+                self.flops_per_step = self.flops_per_micro_batch * trainer.accumulate_grad_batches
+            except Exception as err:
+                warnings.warn(f"StepTimeMonitor: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
+            log_scalars(trainer, {"perf/flops_per_step": self.flops_per_step, "perf/peak_flops_per_s": self.peak[0]})
         self.timer.start()
-
-    def _count_flops(self, trainer, net: torch.nn.Module, batch) -> None:
-        net = self._meta_net if self._meta_net is not None else net
-        try:
-            self.flops_per_micro_batch = measure.training_flops(net, first_tensor(batch))
-        except Exception as err:
-            warnings.warn(f"StepTimeMonitor: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
-            return
-        self.flops_per_step = self.flops_per_micro_batch * trainer.accumulate_grad_batches
-        log_scalars(trainer, {"perf/flops_per_step": self.flops_per_step, "perf/peak_flops_per_s": self.peak[0]})
-
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.cycle.end(trainer.global_step):
             return

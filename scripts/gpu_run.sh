@@ -39,12 +39,18 @@ fi
 
 if [[ $MODE == check ]]; then
     TMP="$(mktemp -d)"
-    # What the parts import, and the default plan resolved through LightningCLI as a study does before its first run.
-    "$PY" - "$TMP" 2> "$TMP/check.log" <<'PYEOF' || { tail -5 "$TMP/check.log"; exit 1; }
+    # One process (each fresh one spends seconds importing torch and Lightning): what the parts import, the plans
+    # resolved through LightningCLI as a study does before its first run, the benchmarks' command lines, and one
+    # optimizer step of the small CNN on whatever device there is, callbacks and record included, as main.py runs it.
+    "$PY" - "$TMP" 2> "$TMP/check.log" <<'PYEOF' || { tail -20 "$TMP/check.log"; exit 1; }
+import contextlib
 import importlib
+import runpy
 import sys
 from pathlib import Path
 
+tmp = Path(sys.argv[1])
+sys.argv = sys.argv[:1]
 for name in ("torch", "lightning", "jsonargparse", "accelerate", "tensorboard", "torchvision", "torchmetrics", "tqdm",
              "matplotlib", "yaml", "modelwright.train.cli", "modelwright.study", "modelwright.report",
              "modelwright.loops.accelerate", "callbacks.run_record"):
@@ -57,15 +63,25 @@ from modelwright.study.plan import load_plan
 
 for plan in sorted(Path("configs/study").glob("plan_*.yaml")):
     load_plan(plan)
-assert study(dry_run=True, slug="check", results=Path(sys.argv[1])) == 0
+assert study(dry_run=True, slug="check", results=tmp) == 0
 print("plans: ok")
+for script in ("benchmarks/overhead.py", "benchmarks/attention.py"):
+    if Path(script).is_file():
+        sys.argv = [script, "--help"]
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                runpy.run_path(script, run_name="__main__")
+        except SystemExit as done:
+            assert done.code in (0, None), f"{script} --help: exit {done.code}"
+sys.argv = sys.argv[:1]
+from modelwright.train.cli import cli_main
+
+with contextlib.redirect_stdout(sys.stderr):
+    code = cli_main(["fit", "--model.model_name", "smallcnn", "--data.batch_size", "8", "--data.train_size", "16",
+                     "--data.val_size", "8", "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false",
+                     "--trainer.logger.init_args.save_dir", str(tmp)])
+assert code == 0, f"one-step fit: exit {code}"
 PYEOF
-    "$PY" benchmarks/overhead.py --help > /dev/null
-    [[ -f benchmarks/attention.py ]] && "$PY" benchmarks/attention.py --help > /dev/null
-    # One optimizer step of the small CNN on whatever device there is, callbacks and record included.
-    "$PY" main.py fit --model.model_name smallcnn --data.batch_size 8 --data.train_size 16 --data.val_size 8 \
-        --trainer.max_steps 1 --trainer.enable_progress_bar false --trainer.logger.init_args.save_dir "$TMP" \
-        > "$TMP/fit.log" 2>&1 || { tail -20 "$TMP/fit.log"; exit 1; }
     ls "$TMP"/base/version_0/record.json > /dev/null
     rm -rf "$TMP"
     echo "one-step fit: ok"

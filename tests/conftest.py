@@ -26,21 +26,31 @@ def pytest_configure(config) -> None:
     os.environ["MODELWRIGHT_CACHE_DIR"] = tempfile.mkdtemp(prefix="modelwright-test-cache-")
 
 
-#: The long end-to-end tests (two processes, whole studies, subprocess benchmarks): ``uv run pytest -m "not slow"``
-#: is the fast tier, and ``.ci/run`` runs it first, then these.
-SLOW = (
-    "test_distributed.py::", "test_tiny_study_", "test_a_rerun_skips_what_is_recorded",
-    "test_a_killed_study_leaves_no_child", "test_smoke_three_loops", "test_cpu_defaults_smoke",
-    "test_check_imports_resolves_the_plans", "test_ddp_rank_failure_ends_the_job",
-    "test_sigkill_at_every_kill_point", "test_ddp_two_cpu_processes_rank_zero", "test_two_cpu_processes_with_torchrun",
-    "test_ddp_gradient_buckets_are_communication_buffers",
-)
+#: The long end-to-end tests (two processes, whole studies, subprocess benchmarks), by file and test name prefix
+#: ("" for every test of the file): ``uv run pytest -m "not slow"`` is the fast tier, and ``.ci/run`` runs it first,
+#: then these.
+SLOW = {
+    "test_distributed.py": ("",),
+    "test_study.py": ("test_tiny_study_", "test_a_rerun_skips_what_is_recorded", "test_a_killed_study_leaves_no_child"),
+    "test_overhead_benchmark.py": ("test_smoke_three_loops", "test_cpu_defaults_smoke"),
+    "test_scripts.py": ("test_check_imports_resolves_the_plans",),
+    "test_reliability.py": ("test_ddp_rank_failure_ends_the_job", "test_sigkill_at_every_kill_point"),
+    "test_accelerate_loop.py": ("test_two_cpu_processes_with_torchrun",),
+}
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    modules = {}
     for item in items:
-        if any(name in item.nodeid for name in SLOW):
+        modules[item.path.name] = getattr(item, "module", None)
+        if item.name.startswith(SLOW.get(item.path.name, ())):
             item.add_marker(pytest.mark.slow)
+    # A renamed test would silently leave the slow tier for the fast one: every name must still name a test.
+    for name, module in modules.items():
+        tests = [test for test in vars(module or object) if test.startswith("test")]
+        missing = [prefix for prefix in SLOW.get(name, ()) if not any(test.startswith(prefix) for test in tests)]
+        if missing:
+            raise pytest.UsageError(f"tests/conftest.py SLOW names no test of {name}: {', '.join(missing)}")
 
 
 @pytest.fixture

@@ -3,14 +3,19 @@
 Used from the command line with ``tests/`` on ``PYTHONPATH``::
 
     --trainer.callbacks+=faults.RaiseAt --trainer.callbacks.step 2 --trainer.callbacks.rank 1
+
+``python tests/faults.py FITS.json`` runs several fits at once, each a process of its own (see :func:`fork_fits`).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
+import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +167,37 @@ class ValLog(Callback):
         if not trainer.sanity_checking:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(f"{trainer.global_step} {float(trainer.callback_metrics['val/loss'])!r}\n")
+
+
+def fork_fits(spec: str) -> None:
+    """Run the fits of ``spec`` (a JSON file: log path -> ``fit`` arguments) at once, each in a child forked from
+    this process once the training code is imported; print each one's exit status (-N: killed by signal N) as JSON.
+
+    Forking saves each child the seconds of importing torch and Lightning. It is safe only from a process that has
+    run no OpenMP region yet (a forked child of one that has hangs in its first parallel kernel): this one has not.
+    """
+    from modelwright.train.cli import cli_main
+
+    children = {}
+    for log, args in json.loads(Path(spec).read_text(encoding="utf-8")).items():
+        pid = os.fork()
+        if pid == 0:
+            out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            try:
+                code = cli_main(args)
+            except SystemExit as stop:
+                code = stop.code if isinstance(stop.code, int) else 1
+            except BaseException:  # a child must never return into this loop
+                traceback.print_exc()
+                code = 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        children[pid] = log
+    print(json.dumps({log: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid, log in children.items()}))
+
+
+if __name__ == "__main__":
+    fork_fits(sys.argv[1])

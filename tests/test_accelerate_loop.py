@@ -43,7 +43,7 @@ def run(args: list[str]):
 
     parser = auto_parser(al.accelerate, exit_on_error=False, **al.PARSER_KWARGS)
     cfg = parser.instantiate_classes(parser.parse_args(args))
-    return al.train(**{k: v for k, v in vars(cfg).items() if not k.startswith("__") and k != "config"})
+    return al.accelerate(**{k: v for k, v in vars(cfg).items() if not k.startswith("__") and k != "config"})
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,6 @@ import math
 import os
 import re
 import signal
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -25,7 +23,7 @@ from callbacks.model_summary import FlopsModelSummary
 from callbacks.run_record import RunRecord
 from callbacks.step_timer import StepTimeMonitor
 from modelwright.measure import MIB, error_status, hardware_peak, training_flops
-from modelwright.record import read_record, read_records, validate_record
+from modelwright.record import read_record, validate_record
 from modelwright.report.fmt import pct, sig
 from modelwright.train.cli import cli_main
 from modelwright.train.data import ImageDataModule
@@ -261,65 +259,6 @@ def test_base_config_callbacks_through_the_cli(tmp_path, monkeypatch):
     assert (record["flops"]["peak_flops_source"], record["flops"]["peak_flops_method"]) == (peak.source, peak.method)
     assert record["timing"]["measured_steps"] == 1  # 4 steps: 2 warm-up, 1 captured, 1 timed
     assert "perf/step_time_ms" in scalars(path.parent) and "mem/anatomy_total_mib" in scalars(path.parent)
-
-
-DDP_CONFIG = """\
-trainer:
-  accelerator: cpu
-  strategy: ddp
-  devices: 2
-  max_steps: 5
-  max_epochs: 1
-  log_every_n_steps: 1
-  enable_progress_bar: false
-  enable_model_summary: false
-  num_sanity_val_steps: 0
-  logger:
-    class_path: lightning.pytorch.loggers.TensorBoardLogger
-    init_args: {{save_dir: "{root}", name: ddp, default_hp_metric: false}}
-  callbacks:
-    - class_path: callbacks.step_timer.StepTimeMonitor
-    - class_path: callbacks.memory_monitor.MemoryMonitor
-    - class_path: callbacks.run_record.RunRecord
-      init_args: {{records_jsonl: "{root}/records.jsonl"}}
-model:
-  model_name: smallcnn
-  scheduler: none
-data:
-  batch_size: 4
-  train_size: 64
-  val_size: 8
-"""
-
-
-@pytest.mark.timeout(300)
-def test_ddp_two_cpu_processes_rank_zero_alone_writes_the_record(tmp_path):
-    config = tmp_path / "ddp.yaml"
-    config.write_text(DDP_CONFIG.format(root=tmp_path))
-    env = {**os.environ, "MODELWRIGHT_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("MODELWRIGHT_RUN_ID", None)
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "main.py"), "fit", "--config", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    records = read_records(tmp_path / "records.jsonl", validate=True)
-    assert len(records) == 1  # one line: rank 1 wrote nothing
-    (path,) = tmp_path.glob("ddp/version_*/record.json")
-    record = read_record(path)
-    assert record["run_id"] == records[0]["run_id"]
-    tech = record["techniques"]
-    assert tech["strategy"] == "ddp" and tech["world_size"] == 2
-    assert tech["micro_batch_size"] == 4 and tech["effective_batch_size"] == 8
-    assert record["timing"]["measured_steps"] == 2  # 5 steps: 2 warm-up, 1 captured
-    assert record["memory"]["anatomy_mib"]["activations"] > 0
-    # The peak was found once (by local rank 0), for one process's share of the cores.
-    assert record["flops"]["peak_flops_source"] == hardware_peak("cpu", torch.float32).source
-    assert "perf/step_time_ms" in scalars(path.parent)
 
 
 def test_progress_bar_redraws_at_most_every_interval_and_at_the_end():

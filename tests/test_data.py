@@ -9,7 +9,8 @@ from conftest import fit_args
 
 from modelwright.errors import ConfigError
 from modelwright.train.cli import cli_main
-from modelwright.train.data import ImageDataModule, synthetic_images
+from modelwright.train.data import ImageDataModule
+from modelwright.train.datasets import synthetic_images
 
 
 def test_synthetic_is_deterministic_and_cifar_shaped():

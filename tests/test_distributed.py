@@ -13,7 +13,7 @@ is SGD with momentum, linear in the gradient, so the comparison measures the gra
 Every distributed run is a subprocess. Each rank saves its network's full weights through
 :class:`SaveRankState`, which the subprocesses import from this file (``tests/`` is on their ``PYTHONPATH``).
 Lightning's own launch of ``configs/ddp.yaml`` (``devices: 2`` on one machine) is exercised in
-``tests/test_callbacks.py``.
+``tests/test_reliability.py`` (a failing rank ends the job).
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ import pytest
 import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from modelwright.measure import hardware_peak
+from modelwright.record import read_record, read_records
 from modelwright.train.cli import cli_main
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +63,7 @@ JOB = [
     "--trainer.max_steps", "3",
     "--trainer.max_epochs", "3",
     "--trainer.limit_val_batches", "0",
+    "--trainer.log_every_n_steps", "1",
     "--trainer.enable_progress_bar", "false",
     "--trainer.enable_model_summary", "false",
 ]
@@ -109,14 +113,17 @@ class SaveRankState(Callback):
 
 
 def _job_args(out_dir: Path, *config: str, batch_size: int, ranks_dir: Path | None = None) -> list[str]:
-    """``fit`` arguments of the job; logs under ``out_dir/logs``, each rank's weights in ``ranks_dir``."""
+    """``fit`` arguments of the job; logs under ``out_dir/logs``, each rank's weights in ``ranks_dir``, and the
+    job's ``records.jsonl`` beside that folder (one file for the two nodes of a job)."""
+    ranks_dir = ranks_dir or out_dir / "ranks"
     # base.yaml's callbacks replaced: memory anatomy on step 1, the run record, each rank's weights, and the
     # last.ckpt a distributed run writes through base.yaml's checkpoint plugin (a folder of shards under FSDP2).
     callbacks = [
         {"class_path": "callbacks.memory_monitor.MemoryMonitor", "init_args": {"warmup_steps": 1}},
         {"class_path": "callbacks.step_timer.StepTimeMonitor", "init_args": {"warmup_steps": 1}},
-        {"class_path": "callbacks.run_record.RunRecord"},
-        {"class_path": "test_distributed.SaveRankState", "init_args": {"out_dir": str(ranks_dir or out_dir / "ranks")}},
+        {"class_path": "callbacks.run_record.RunRecord",
+         "init_args": {"records_jsonl": str(ranks_dir.parent / "records.jsonl")}},
+        {"class_path": "test_distributed.SaveRankState", "init_args": {"out_dir": str(ranks_dir)}},
         {"class_path": "callbacks.checkpoint.ModelCheckpoint", "init_args": {"save_last": True, "save_top_k": 0}},
     ]
     return [
@@ -261,6 +268,35 @@ def test_per_rank_state_memory_halves_under_fsdp2_and_stays_flat_under_ddp(runs)
         assert ddp_peak[key] == pytest.approx(peak[key], rel=0.01), key
         assert HALF_MIN <= fsdp2_peak[key] / peak[key] <= HALF_MAX, key
     assert fsdp2_peak["parameters"] > fsdp2["memory"]["anatomy_end_mib"]["parameters"]
+    # DDP's gradient buckets (4 B a parameter, kept between steps) are communication buffers, not activations or
+    # temporaries: a rank's activations are exactly half the one process's (half the batch), its temporaries small.
+    params = base["parameters"]
+    assert peak["comm_buffers"] == 0
+    for view in (ddp_peak, ddp["memory"]["anatomy_end_mib"]):
+        assert view["comm_buffers"] == pytest.approx(params, rel=0.01)
+    assert ddp_peak["activations"] == pytest.approx(peak["activations"] / 2, rel=0.01)
+    assert ddp_peak["temporaries"] < 0.5 * params
+    assert ddp["memory"]["anatomy_end_mib"]["activations"] + ddp["memory"]["anatomy_end_mib"]["temporaries"] < 1
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_global_rank_zero_alone_writes_the_record(runs, strategy):
+    """One line in the job's records.jsonl, whether torchrun started the ranks on two "nodes" (DDP) or Lightning
+    started them (FSDP2), and a whole record: the job's batch, the timed steps, the memory, the peak, TensorBoard."""
+    records = read_records(runs[strategy] / "records.jsonl", validate=True)
+    assert len(records) == 1
+    (path,) = runs[strategy].glob("**/logs/*/version_*/record.json")
+    record = read_record(path)
+    assert record["run_id"] == records[0]["run_id"]
+    tech = record["techniques"]
+    assert (tech["world_size"], tech["micro_batch_size"], tech["effective_batch_size"]) == (2, 8, 16)
+    assert record["timing"]["measured_steps"] == 1  # 3 steps: 1 warm-up, then the memory anatomy's (not timed)
+    assert record["memory"]["anatomy_mib"]["activations"] > 0
+    assert record["flops"]["peak_flops_source"] == hardware_peak("cpu", torch.float32).source
+    events = EventAccumulator(str(path.parent))
+    events.Reload()
+    assert "perf/step_time_ms" in events.Tags()["scalars"]
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)

@@ -140,7 +140,7 @@ def test_cli_errors_are_one_line(tmp_path):
     proc = _plan(cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--record" in proc.stderr
     proc = _plan("--overlap", "2", cwd=tmp_path)
-    assert proc.returncode == 2 and "--overlap" in proc.stderr
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "error: overlap" in proc.stderr
 
 
 def test_cli_advisor_reads_the_studys_profile_beside_the_records(tmp_path):

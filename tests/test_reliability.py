@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -131,22 +132,25 @@ def test_sigkill_at_every_kill_point_then_resume_ends_as_the_uninterrupted_run(t
         return ["--config", str(path), "--model.scheduler", "onecycle", "--data.val_size", "32",
                 "--trainer.limit_val_batches", "3"]
 
-    env = {**subprocess_env, **threads}
-    procs = {}
-    for name, hook, step, batch in KILL_POINTS:  # all at once: most of a child's time is importing
+    fits = {}
+    for name, hook, step, batch in KILL_POINTS:
         killer = ({"class_path": "faults.FsyncFault", "init_args": {"step": step}} if hook == "fsync" else
                   {"class_path": "faults.KillAt", "init_args": {"hook": hook, "step": step, "batch": batch}})
-        with (tmp_path / f"{name}.log").open("w") as log:
-            procs[name] = subprocess.Popen([sys.executable, "main.py", *_args(tmp_path / name, *config(name, killer))],
-                                           cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        fits[str(tmp_path / f"{name}.log")] = _args(tmp_path / name, *config(name, killer))
+    (tmp_path / "fits.json").write_text(json.dumps(fits))
+    # All at once, forked from one process that imported the training code: most of a fresh child's time is importing.
+    fork = subprocess.Popen([sys.executable, "tests/faults.py", str(tmp_path / "fits.json")], cwd=REPO_ROOT,
+                            env={**subprocess_env, **threads}, stdout=subprocess.PIPE, start_new_session=True)
     try:
-        assert cli_main(_args(tmp_path / "a", *config("a"))) == 0  # uninterrupted, while the children start
-        for name, proc in procs.items():
-            assert proc.wait(timeout=300) == -signal.SIGKILL, (name, (tmp_path / f"{name}.log").read_text()[-3000:])
+        assert cli_main(_args(tmp_path / "a", *config("a"))) == 0  # uninterrupted, while the children run
+        statuses = json.loads(fork.communicate(timeout=300)[0])
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
+        if fork.poll() is None:
+            os.killpg(fork.pid, signal.SIGKILL)  # the session holds the forked children
+            fork.wait()
+    assert len(statuses) == len(KILL_POINTS)
+    for log, status in statuses.items():
+        assert status == -signal.SIGKILL, (log, Path(log).read_text()[-3000:])
     a, a_val = _ckpt(_last(tmp_path / "a", 0)), (tmp_path / "a.val").read_text().splitlines()
     assert a["global_step"] == 16 and [line.split()[0] for line in a_val] == ["4", "8", "12", "16"]
     failures = []

@@ -20,7 +20,7 @@ FIXTURE = DATA / "records_fixture.jsonl"
 
 
 def rec(name: str, step_ms: float, peak: float, repeat: int = 0, index: int = 0, commit: str | None = "c0ffee",
-        definitions: int = 2, precision: str = "32-true", compile_: bool = False, loss=(2.4, 2.3, 2.2, 2.1)) -> dict:
+        definitions: int = 3, precision: str = "32-true", compile_: bool = False, loss=(2.4, 2.3, 2.2, 2.1)) -> dict:
     """A minimal study record: every figure the tests check is set here by hand."""
     r = {
         "status": "ok", "run_id": f"{name}-r{repeat}",
@@ -75,7 +75,7 @@ def test_main_table_rows_match_hand_computed_figures():
     assert fast[2:8] == ["350", "0.50×", "1,500", "1,400–1,600 (2)", "0.71×", "faster"]  # 1500/2100
     assert cells(text, "checkpointing-block")[6:8] == ["1.2×", "slower"]  # 2550/2100 = 1.21
     assert cells(text, "compile")[2] == "not measured"  # the tracker saw eager code
-    assert base[9] == "50%" and "| MFU |" in text  # definitions 2: the hardware peak
+    assert base[9] == "50%" and "| MFU |" in text
     assert base[10] == "2.20"  # mean loss of steps 2..4: (2.3 + 2.2 + 2.1) / 3
     assert cells(text, "short")[10] == "–"  # 3 steps × 128 samples ≠ the baseline's 4 × 128
 
@@ -86,17 +86,15 @@ def test_verdict_needs_the_baselines_repeat_spread():
     assert tables.verdict(0.56, None) == "no verdict (1 repeat)"
 
 
-def test_old_records_show_the_kernel_ratio_not_mfu():
-    records = [rec("baseline", 2000, 700, commit=None), rec("amp", 1000, 400, index=1, commit=None)]
-    text = tables.main_table(tables.build_rows(records))
-    assert "% of best measured kernel (not MFU)" in text and "| MFU |" not in text
-    assert cells(text, "amp")[7] == "no verdict (1 repeat)"
+def test_a_baseline_of_one_repeat_gives_no_verdict():
+    text = tables.main_table(tables.build_rows([rec("baseline", 2000, 700), rec("amp", 1000, 400, index=1)]))
+    assert cells(text, "amp")[5:8] == ["– (1 repeat)", "0.50×", "no verdict (1 repeat)"]
 
 
 def test_mixed_commits_are_refused_in_one_line_unless_allowed(tmp_path):
     records = small_study()
     records[3]["provenance"]["commit"] = "deadbeef"
-    records[4] = {k: v for k, v in records[4].items() if k != "provenance"}  # an old record: its own group
+    records[4]["provenance"]["definitions"] = 2  # older definitions: a group of their own
     folder = write(tmp_path / "results" / "cpu-x", records)
     with pytest.raises(ConfigError) as err:
         report.generate(folder, plots=False)
@@ -104,7 +102,7 @@ def test_mixed_commits_are_refused_in_one_line_unless_allowed(tmp_path):
     assert "\n" not in message and "records.jsonl" in message and "3 commits/definitions" in message
     report.generate(folder, plots=False, allow_mixed=True)
     table = (folder / "table.md").read_text()
-    assert "| fused [b,c] |" in table and "| baseline [a] |" in table and "- [c] no provenance" in table
+    assert "| fused [b,c] |" in table and "| baseline [a] |" in table and "- [c] commit c0ffee, definitions 2" in table
 
 
 def test_cli_exit_status_and_one_line_error(tmp_path, capsys):
@@ -112,13 +110,14 @@ def test_cli_exit_status_and_one_line_error(tmp_path, capsys):
     records[0]["provenance"]["definitions"] = 1
     write(tmp_path / "results" / "cpu-x", records)
     doc = tmp_path / "README.md"
-    doc.write_text("x\n<!-- findings:start -->\n<!-- findings:end -->\n", encoding="utf-8")
+    doc.write_text("x <!-- v:cpu-x:amp:time:start --><!-- v:cpu-x:amp:time:end --> "
+                   "<!-- v:cpu-x:amp:verdict:start --><!-- v:cpu-x:amp:verdict:end -->\n", encoding="utf-8")
     args = ["report", "--results", str(tmp_path / "results"), "--readme", str(doc), "--plots", "false"]
     assert cli(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "definitions 1" in err
     assert cli([*args, "--allow_mixed", "true"]) == 0
-    assert "| amp | cpu-x | 0.50× | 0.71× | ±9.5% | faster |" in doc.read_text()
+    assert "-->0.71×<!--" in doc.read_text() and "-->faster<!--" in doc.read_text()
 
 
 def test_header_states_commands_and_total_wall_time(tmp_path):  # 11 runs × 10 s
@@ -169,7 +168,7 @@ def test_fixture_rows_take_the_latest_config_and_the_median_of_repeats():
     assert amp.reference is rows["baseline"] and rows["all"].reference is rows["baseline"]
     assert rows["checkpointing-block"].status == "failed"
     budget = {b.name: b for b in tables.build_budget_rows(records, list(rows.values()))}
-    assert budget["all"].attempts == 2 and budget["all"].probe and not budget["baseline"].probe
+    assert budget["all"].attempts == 2 and budget["baseline"].attempts == 1  # the probe (attempt 0) not counted
     assert budget["all"].batch == 470 and budget["all"].fits
     assert budget["all"].vs_reference == pytest.approx(470 / 76)
 
@@ -187,7 +186,7 @@ def test_generate_writes_table_summary_plots_and_readme(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     amp = next(r for r in summary["runs"] if r["name"] == "amp")
     assert amp["memory_vs_reference"] == pytest.approx((446.29 + 446.49) / 2 / 706.54, rel=1e-3)
-    assert summary["process_time_s"] == pytest.approx(40 + 40 + 42 + 12.5 + 55 + 25 + 20 + 90 + 85)
+    assert summary["process_time_s"] == pytest.approx(40 + 40 + 42 + 12.5 + 55 + 25 + 90 + 85)  # not the probe's 20
     text = doc.read_text()
     assert "STALE" not in text and text.endswith("<!-- results:end -->\n\nAfter.\n")
     assert "### CPU results: Example CPU 9000" in text
@@ -214,3 +213,14 @@ def test_formatters_round_to_significant_digits_and_dash_what_is_missing():
                                                                                 "3.1 days"]
     assert fmt.count(11_173_962) == "11.2 M" and fmt.usd(12.5) == "$12.50" and fmt.usd(1234.7) == "$1,235"
     assert fmt.table(["a", "b"], [["x|y", 1]]) == "| a | b |\n|:--|--:|\n| x\\|y | 1 |"
+
+
+def test_a_check_folder_inside_a_study_gives_figures_and_predictions_not_a_results_section(tmp_path):
+    amp = rec("amp", 60000, 450, index=1, precision="bf16-mixed", commit="b0b")
+    amp["prediction"] = {"predicted_mib": {"total": 459.0}}
+    write(tmp_path / "cpu-x", small_study()[:3])
+    write(tmp_path / "cpu-x" / "bf16-check", [amp])
+    sections = readme.Sections(tmp_path, tmp_path)
+    assert sections.value("cpu-x/bf16-check", "amp", "step") == "60,000 ms"
+    assert "| amp | cpu-x/bf16-check | 459 | 450 | +2.0% | within |" in sections("predictions")
+    assert "bf16-check" not in sections("results") and "`cpu-x`" in sections("results")

@@ -43,14 +43,17 @@ def test_default_plan_keeps_the_core_rows_and_measures_noise():
     default = plan.load_plan(plan.DEFAULT_PLAN)
     names = [e.name for e in default.entries]
     assert names[0] == "baseline"
-    assert {"baseline", "amp", "accumulate", "checkpointing-block", "all", "ddp", "fsdp2"} <= set(names)
+    assert {"baseline", "amp", "accumulate", "checkpointing-block", "all", "ddp"} <= set(names)
     extra = [e.name for e in plan.load_plan(REPO_ROOT / "configs/study/plan_extra.yaml").entries]
-    for moved in ("contiguous", "system-malloc", "fused", "compile", "checkpointing-stage"):
+    for moved in ("contiguous", "system-malloc", "fused", "compile", "checkpointing-stage", "fsdp2"):
         assert moved in extra and moved not in names
     assert default.repeats >= 3
     assert plan.for_device(default.measured_steps, "cpu") >= 10
     assert plan.for_device(default.measured_steps, "cuda") >= 20
-    specs = [plan.build_spec(e, i, _settings(model=None)) for i, e in enumerate(default.entries) if not e.accelerators]
+    bf16 = {e.name: e.accelerators for e in default.entries if e.name in ("amp", "all")}
+    assert bf16 == {"amp": ["cuda", "cpu-bf16"], "all": ["cuda", "cpu-bf16"]}  # emulated bf16 is ~15x slower
+    specs = [plan.build_spec(e, i, _settings(model=None)) for i, e in enumerate(default.entries)
+             if e.accelerators != ["cuda"]]
     assert {plan.effective_batch(s.resolved) for s in specs} == {128}
     plan.check_effective_batch(specs, default.entries)
 
@@ -64,6 +67,7 @@ def test_default_plan_keeps_the_core_rows_and_measures_noise():
     ("measured_steps: {cpu: 0}\nruns:\n  - {name: a}\n", "measured_steps: must be an integer >= 1"),
     ("repeats: 0\nruns:\n  - {name: a}\n", "repeats: must be an integer >= 1"),
     ("budget: {gib: 1, runs: [b]}\nruns:\n  - {name: a}\n", "budget.runs: 'b' is not a run of this plan"),
+    ("runs:\n  - {name: a, accelerators: [cpu_bf16]}\n", "runs[0].accelerators: a list of cpu, cpu-bf16, cuda"),
 ])
 def test_bad_plans_are_one_line_errors(tmp_path, text, message):
     with pytest.raises(ConfigError) as err:
@@ -145,17 +149,6 @@ def test_slugs():
 # -- largest batch per budget --------------------------------------------------------------------------------------
 
 
-def test_predictions_from_the_anatomy_and_from_two_points():
-    anatomy = {"parameters": 40.0, "gradients": 40.0, "optimizer_state": 80.0, "activations": 500.0,
-               "temporaries": 12.0, "other": 0.0}
-    p = budget.predict_largest_batch(anatomy, peak_mib=672.0, batch=128, budget_mib=1024.0)
-    assert p["per_sample_mib"] == pytest.approx(4.0) and p["fixed_mib"] == pytest.approx(160.0)
-    assert p["batch"] == 216 and p["predicted_peak_mib"] == pytest.approx(1024.0)  # (1024 - 160) / 4
-    assert budget.predict_largest_batch(anatomy, 672.0, 128, budget_mib=100.0)["batch"] == 0
-    line = budget.predict_from_two_points(100, 500.0, 200, 900.0, budget_mib=1000.0)
-    assert line["per_sample_mib"] == pytest.approx(4.0) and line["batch"] == 225
-
-
 def _fake_record(batch: int, accumulate: int, per_sample: float, fixed: float = 20.0, **extra) -> dict:
     record = new_record(run_id=f"b{batch}")
     anatomy = {"parameters": fixed / 2, "optimizer_state": fixed / 2, "activations": per_sample * batch}
@@ -185,36 +178,30 @@ def _budget_study(tmp_path, entries, budget_runs, profile=False):
     return study, ran
 
 
-def test_budget_probes_corrects_an_overshoot_then_runs_a_few_percent_over(tmp_path):
-    entry = plan.Entry("all", "configs/all.yaml")  # bf16 + checkpointing + 4 × 32
-    study, ran = _budget_study(tmp_path, [entry], ["all"])
-    main = plan.build_spec(entry, 0, _settings())
-    # The accumulating run's anatomy claims 2 MiB per sample; alone, a micro-batch holds 1 MiB per sample up to
-    # batch 130 and 1.5 above (a step the linear model cannot see from one point).
-    study.done[main.key] = _fake_record(32, 4, per_sample=2.0)
-    budget.budget_phase(study, [main], [entry], runner.Progress(0), budget_mib=200.0)
-    probe, first, second, over = ran
-    assert probe[:2] == (32, 1) and probe[2]["role"] == "probe"
-    assert first[:2] == (180, 1) and first[2]["from_batch"] == 32  # (200 - 20) / 1 MiB per sample, from the probe
-    slope = (290.0 - 52.0) / (180 - 32)  # 20 + 1.5 × 180 = 290 > 200: the line through both points
-    assert second[0] == int((200.0 - (52.0 - slope * 32)) / slope) and second[2]["prediction"] == "two-point"
-    assert over[0] == second[0] + math.ceil(second[0] * budget.OVER_FRACTION) and over[2]["role"] == "over"
-    assert over[2]["confirmed_batch"] == second[0]
-
-
-def test_budget_uses_the_planner_when_the_baseline_has_a_profile(tmp_path, monkeypatch):
+def test_budget_confirms_the_planners_batch_corrects_a_miss_then_runs_a_few_percent_over(tmp_path, monkeypatch):
     entry = plan.Entry("baseline", "configs/baseline.yaml")
     _write_profile(tmp_path / SLUG, "profile0")
     study, ran = _budget_study(tmp_path, [entry], ["baseline"], profile=True)
-    main = plan.build_spec(entry, 0, _settings())
-    study.done[main.key] = _fake_record(128, 1, 1.0)
-    calls = []
-    monkeypatch.setattr(planner, "largest_batch", lambda rec, cfg, mib: calls.append(mib) or 77, raising=False)
-    monkeypatch.setattr(planner, "predict_peak_mib", lambda rec, cfg: {"total": 150.0}, raising=False)
-    budget.budget_phase(study, [main], [entry], runner.Progress(0), budget_mib=200.0)
-    assert calls == [200.0]
-    assert [(b, x["role"]) for b, _, x in ran] == [(77, "confirm"), (81, "over")]  # no probe: 77 + ceil(3.85)
-    assert ran[0][2]["prediction"] == "planner" and ran[0][2]["from_run_id"] == "profile0"
+    # The planner: 20 MiB fixed + 1 MiB per sample; measured, a micro-batch holds 1.5 MiB per sample above 130.
+    monkeypatch.setattr(planner, "largest_batch", lambda rec, cfg, mib: int(mib - 20), raising=False)
+    monkeypatch.setattr(planner, "predict_peak_mib", lambda rec, cfg: {"total": 20.0 + cfg["data"]["batch_size"]},
+                        raising=False)
+    budget.budget_phase(study, [entry], runner.Progress(0), budget_mib=200.0)
+    first, second, over = ran
+    assert first[:2] == (180, 1) and first[2]["prediction"] == "planner" and first[2]["from_run_id"] == "profile0"
+    # 20 + 1.5 × 180 = 290 measured against 200 predicted: predicted again for a budget 90 MiB less
+    assert second[0] == 90 and second[2]["prediction"] == "planner, corrected by the miss"
+    assert second[2]["attempt"] == 2 and second[2]["predicted_batch"] == 90
+    assert over[0] == 90 + math.ceil(90 * budget.OVER_FRACTION) and over[2]["role"] == "over"
+    assert over[2]["confirmed_batch"] == 90 and all(x["budget_mib"] == 200.0 for *_, x in ran)
+
+
+def test_budget_without_a_profile_is_skipped_with_one_line(tmp_path, capsys):
+    entry = plan.Entry("baseline", "configs/baseline.yaml")
+    study, ran = _budget_study(tmp_path, [entry], ["baseline"], profile=False)
+    budget.budget_phase(study, [entry], runner.Progress(0), budget_mib=200.0)
+    assert ran == []
+    assert "baseline (budget): skipped (no profile of the baseline to predict from)\n" in capsys.readouterr().err
 
 
 # -- runs: predictions before, provenance, resume ------------------------------------------------------------------
@@ -267,13 +254,13 @@ model: smallcnn
 warmup_steps: 1
 measured_steps: 2
 repeats: 1
-budget: {gib: 0.03, runs: [baseline]}
+budget: {gib: 0.0308, runs: [baseline]}  # smallcnn: batch 14 fits (30.8 MiB), 15 does not: no corrected attempt
 runs:
+  - name: baseline
+    config: configs/baseline.yaml
   - name: broken
     config: configs/baseline.yaml
     overrides: {model.lr: -1.0}
-  - name: baseline
-    config: configs/baseline.yaml
 """
 
 
@@ -288,24 +275,43 @@ def test_repeats_run_round_robin(tmp_path, capsys):
     assert cli.main(_args(tmp_path, "--repeats", "2", "--dry_run", "true")) == 0
     err = capsys.readouterr().err
     order = [line.split("[")[0].strip() for line in err.splitlines() if " r0 [" in line or " r1 [" in line]
-    assert order == ["broken r0", "baseline r0", "broken r1", "baseline r1"]
+    assert order == ["baseline r0", "broken r0", "baseline r1", "broken r1"]
     assert "4 runs (4 to run; 2 repeats, round-robin)" in err
+
+
+def test_bf16_runs_only_on_a_cpu_with_bf16_instructions_unless_named(tmp_path, capsys, monkeypatch):
+    from modelwright.measure import facts
+
+    _write(tmp_path / "plan.yaml", "model: smallcnn\nrepeats: 1\nruns:\n"
+           "  - {name: base, config: configs/baseline.yaml}\n"
+           "  - {name: amp, config: configs/amp.yaml, accelerators: [cuda, cpu-bf16]}\n")
+    for flags, runs in (("avx2 fma", False), ("avx2 avx512_bf16", True), ("amx_bf16 amx_tile", True)):
+        monkeypatch.setattr(facts, "cpuinfo", lambda flags=flags: {"flags": flags})
+        assert cli.main(_args(tmp_path, "--dry_run", "true")) == 0
+        err = capsys.readouterr().err
+        assert ("amp r0 [" in err) == runs and "base r0 [" in err
+        assert ("\n  amp: not on cpu (runs on cuda, cpu-bf16: bf16 is emulated on this CPU)\n" in err) != runs
+    monkeypatch.setattr(facts, "cpuinfo", lambda: {"flags": "avx2"})
+    assert cli.main(_args(tmp_path, "--only", "[amp]", "--dry_run", "true")) == 0  # asked for by name: it runs
+    assert "amp r0 [" in capsys.readouterr().err
 
 
 def test_lock_refuses_a_live_study_and_takes_over_a_dead_ones(tmp_path):
     folder = tmp_path / SLUG
     folder.mkdir()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    code = ("import fcntl, os, sys, time\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX)\n"
+            "f.write(f'{os.getpid()}\\n')\nf.flush()\nprint(flush=True)\ntime.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(folder / "study.lock")], stdout=subprocess.PIPE)
     try:
-        _write(folder / "study.lock", f"{sleeper.pid}\n")
-        with pytest.raises(ConfigError, match=rf"another study \(PID {sleeper.pid}\) is running"):
+        holder.stdout.readline()  # it holds the lock
+        with pytest.raises(ConfigError, match=rf"another study \(PID {holder.pid}\) is running"):
             with runner.study_lock(folder):
                 pass
     finally:
-        sleeper.kill()
-        sleeper.wait()
-    with runner.study_lock(folder) as lock:  # its PID is dead now: taken over
-        assert runner.lock_owner(lock) == os.getpid()
+        holder.kill()
+        holder.wait()
+    with runner.study_lock(folder) as lock:  # its holder is dead now: taken over
+        assert lock.read_text() == f"{os.getpid()}\n"
     assert not (folder / "study.lock").exists()
 
 
@@ -335,7 +341,7 @@ def _alive(pid: int) -> bool:
 def test_a_killed_study_leaves_no_child_and_a_second_study_is_refused(tmp_path, capsys, subprocess_env):
     _write(tmp_path / "plan.yaml", "model: smallcnn\nmeasured_steps: 3000\nrepeats: 1\n"
            "runs:\n  - {name: baseline, config: configs/baseline.yaml}\n")
-    args = [*_args(tmp_path), "--overrides", json.dumps({"data.batch_size": 2})]
+    args = [*_args(tmp_path), "--overrides", json.dumps({"data.batch_size": 2}), "--predict", "false"]
     proc = subprocess.Popen([sys.executable, "-m", "modelwright", *args], cwd=REPO_ROOT, env=subprocess_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -383,8 +389,8 @@ def test_tiny_study_records_every_run_and_goes_on_after_a_crash(tiny_study):
     for name in ("records.jsonl", "study.json", "table.md"):
         assert (root / "results" / SLUG / name).stat().st_size > 0, name
     runs = [r for r in records if r["study"]["kind"] == "run"]
-    assert [(r["study"]["name"], r["status"]) for r in runs] == [("broken", "failed"), ("baseline", "ok")]
-    broken, base = runs
+    assert [(r["study"]["name"], r["status"]) for r in runs] == [("baseline", "ok"), ("broken", "failed")]
+    base, broken = runs
     assert base["timing"]["measured_steps"] == 2 and base["study"]["repeat"] == 0
     assert base["techniques"]["model_name"] == "smallcnn" and base["techniques"]["effective_batch_size"] == 8
     assert broken["error"].startswith("exit status 2: error: model.lr") and broken["study"]["output_tail"]
@@ -396,8 +402,8 @@ def test_tiny_study_records_every_run_and_goes_on_after_a_crash(tiny_study):
 def test_tiny_study_confirms_the_budget_batch_and_one_a_few_percent_over(tiny_study):
     _, _, records = tiny_study
     *confirms, over = [r for r in records if r["study"]["kind"] == "budget"]
-    confirm = confirms[-1]  # a planner miss over the budget is corrected once, by the measured miss
-    budget_mib = 0.03 * 1024
+    confirm = confirms[-1]  # a planner miss over the budget would be corrected once, by the measured miss
+    budget_mib = 0.0308 * 1024
     assert confirm["study"]["role"] == "confirm" and confirm["study"]["predicted_batch"] > 8
     assert confirm["techniques"]["micro_batch_size"] == confirm["study"]["predicted_batch"]
     assert peak_mib(confirm) <= budget_mib

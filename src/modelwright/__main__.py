@@ -1,7 +1,6 @@
 """To run: ``uv run python -m modelwright <tool> --help`` with a tool of :data:`TOOLS`.
 
-One command-line convention for every tool: a typed function whose signature and Google-style docstring
-jsonargparse turns into flags (``--budget_gib 16``, like LightningCLI's ``--ckpt_path``) and a ``--config`` file.
+Each tool is a typed function whose signature and docstring jsonargparse turns into flags and a ``--config`` file.
 Only the chosen tool's module is imported, so a bad flag is reported before torch loads where the tool allows.
 A user's error is one line on stderr and exit status 2.
 """
@@ -33,18 +32,17 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     module_name, func_name = TOOLS[name].split(":")
     module = importlib.import_module(module_name)
-    func = getattr(module, func_name, None)
     try:
         if name == "accelerate":  # reads the training configs: --config amp is configs/amp.yaml, as for main.py
             from modelwright import resolve_config_args
 
             rest = resolve_config_args(rest)
-        if func is None:  # a tool not yet on the typed convention
-            return int(module.main(rest) or 0)
         from jsonargparse import CLI
 
         kwargs = getattr(module, "PARSER_KWARGS", {})  # e.g. the Accelerate loop's default config file
-        return int(CLI(func, args=rest, prog=f"python -m modelwright {name}", exit_on_error=False, **kwargs) or 0)
+        status = CLI(getattr(module, func_name), args=rest, prog=f"python -m modelwright {name}", exit_on_error=False,
+                     **kwargs)
+        return status if isinstance(status, int) else 0  # the Accelerate loop returns its network and record
     except (ConfigError, argparse.ArgumentError) as err:
         if os.environ.get("MODELWRIGHT_DEBUG") == "1":
             raise

@@ -11,7 +11,6 @@ class ConfigError(ValueError):
 
 
 def require(condition: bool, message: str) -> None:
-    """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(message)
 
@@ -19,9 +18,7 @@ def require(condition: bool, message: str) -> None:
 def one_line(err: BaseException) -> str:
     """The one line a user sees: jsonargparse's multi-line parse error condensed to ``key: problem; valid: ...``."""
     text = str(err)
-    if not isinstance(err, argparse.ArgumentError):
-        return " ".join(text.split())
-    match = re.match(r'Parser key "([^"]+)":\s*(.*)', text, re.S)
+    match = re.match(r'Parser key "([^"]+)":\s*(.*)', text, re.S) if isinstance(err, argparse.ArgumentError) else None
     if not match:
         return " ".join(text.split())
     key, body = match.groups()
@@ -29,5 +26,4 @@ def one_line(err: BaseException) -> str:
     choices = max(re.findall(r"Literal\[([^\]]*)\]", body), key=len, default=None)
     if given and choices:
         return f"{key}: invalid value {given.group(1).strip()!r}; valid: {choices.replace(chr(39), '')}"
-    first = body.strip().splitlines()[0].strip()
-    return f"{key}: {first}"
+    return f"{key}: {body.strip().splitlines()[0].strip()}"

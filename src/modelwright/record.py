@@ -1,7 +1,6 @@
 """The run record: one JSON object per run, whatever loop produced it; its typed schema, validation and files.
 
-To run (regenerates the tables of docs/record-schema.md from the schema): ``uv run python -m modelwright.record``
-"""
+To run (regenerates the tables of docs/record-schema.md): ``uv run python -m modelwright.record``"""
 
 import dataclasses
 import datetime as _dt
@@ -34,8 +33,7 @@ class RecordError(ValueError):
 
 def _f(doc: str, unit: str | None = None, *, choices: tuple | None = None, signed: bool = False,
        key: str | None = None, optional: bool = False, default: Any = None) -> Any:
-    """A schema field; ``key``: its JSON name if not its own; ``signed``: may be negative; ``optional``: may be
-    absent; a class ``default`` is a factory."""
+    """A schema field; ``key``: its JSON name if not its own; a class ``default`` is a factory."""
     meta = {"doc": doc, "unit": unit, "choices": choices, "signed": signed, "key": key, "optional": optional}
     if isinstance(default, type):
         return dataclasses.field(default_factory=default, metadata=meta)
@@ -59,8 +57,7 @@ class Techniques:
     world_size: int | None = _f("Processes training together.", "processes")
     num_nodes: int | None = _f("Machines taking part.", "machines")
     micro_batch_size: int | None = _f("Samples per device per forward pass.", "samples")
-    effective_batch_size: int | None = _f("Samples per optimizer step = micro × accumulate × world_size (checked).",
-                                          "samples")
+    effective_batch_size: int | None = _f("Samples per optimizer step: micro × accumulate × world_size.", "samples")
 
 
 @dataclasses.dataclass
@@ -77,20 +74,19 @@ class Hardware:
 
 @dataclasses.dataclass
 class Versions:
-    """Software versions; ``cuda`` is the CUDA version PyTorch was built with (set for a CUDA build without a GPU)."""
+    """Software versions."""
 
     python: str | None = _f("Python version.")
     torch: str | None = _f("PyTorch version.")
     lightning: str | None = _f("Lightning version (null if not installed).")
     torchvision: str | None = _f("torchvision version.")
     accelerate: str | None = _f("Hugging Face Accelerate version.")
-    cuda: str | None = _f("CUDA version PyTorch was built with (null for a CPU build).")
+    cuda: str | None = _f("CUDA version PyTorch was built with (set without a GPU too; null for a CPU build).")
 
 
 @dataclasses.dataclass
 class Timing:
-    """A step is timed from its first micro-batch's start to its last one's end, the device synchronized before each
-    clock reading (CUDA events on GPU). The warm-up steps and the step whose anatomy is captured are left out."""
+    """Optimizer steps timed on a synchronized clock, without the warm-up and the step whose anatomy is captured."""
 
     warmup_steps: int | None = _f("Optimizer steps excluded before the window.", "steps")
     measured_steps: int | None = _f("Optimizer steps timed in the window.", "steps")
@@ -106,18 +102,15 @@ class Timing:
 
 @dataclasses.dataclass
 class Flops:
-    """FLOPs are counted once by PyTorch's flop counter on a meta-device copy (model FLOPs: no recomputation).
-    MFU divides by the **hardware** peak, never by a measured kernel."""
+    """Model FLOPs (no recomputation) counted once on a meta-device copy; MFU divides by the **hardware** peak."""
 
     flops_per_step: float | None = _f("FLOPs of one optimizer step on one device (forward + backward).", "FLOP")
     achieved_flops_per_s: float | None = _f("flops_per_step ÷ median step time, per device.", "FLOP/s")
     peak_flops_per_s: float | None = _f("Hardware peak of one device in the compute dtype.", "FLOP/s")
-    peak_flops_source: str | None = _f(
-        "datasheet (a GPU's dense figure), cpu-isa-clock (cores × FLOP/cycle × clock) or config; "
-        "lightning-table and measured-matmul are older definitions.",
-        choices=("datasheet", "cpu-isa-clock", "config", "lightning-table", "measured-matmul", None))
-    peak_flops_method: str | None = _f("The arithmetic behind the peak (cores, FLOP/cycle, clock and how it was "
-                                       "found; TF32 use on a GPU).", optional=True)
+    peak_flops_source: str | None = _f("A GPU's dense datasheet figure, Lightning's table for a GPU without one, "
+                                       "CPU cores × FLOP/cycle × clock, or config.",
+                                       choices=("datasheet", "lightning-table", "cpu-isa-clock", "config", None))
+    peak_flops_method: str | None = _f("The arithmetic behind the peak (and TF32 use on a GPU).", optional=True)
     mfu: float | None = _f("Model FLOPs utilisation: achieved ÷ peak.", "fraction")
 
 
@@ -146,17 +139,14 @@ ANATOMY_CATEGORIES = ANATOMY_KEYS[:-1]
 class Memory:
     """Peak tensor memory, and the anatomy of one captured step."""
 
-    peak_allocated_mib: float | None = _f("CUDA max_memory_allocated over the window; else the anatomy's total.",
-                                          "MiB")
+    peak_allocated_mib: float | None = _f("CUDA max_memory_allocated in the window, else the anatomy's total.", "MiB")
     peak_reserved_mib: float | None = _f("CUDA max_memory_reserved over the window; null on CPU.", "MiB")
     anatomy_step: int | None = _f("Optimizer step whose anatomy was captured.", "step")
     anatomy_mib: Anatomy | None = _f("Tensor memory by category at the captured step's peak; null if not measured.")
     anatomy_end_mib: Anatomy | None = _f("The same categories when the captured step ended.", optional=True)
-    anatomy_caveat: str | None = _f("Null, or why the anatomy is absent (not measured: torch.compile) or suspect "
-                                    "(activations above 1 MiB alive after the step).", optional=True)
+    anatomy_caveat: str | None = _f("Why the anatomy is absent (torch.compile) or suspect.", optional=True)
     model_parameters: int | None = _f("Number of model parameters (elements).", "parameters")
-    rss_peak_mib: float | None = _f("Process RSS high-water mark: not a tensor peak (allocators keep freed pages).",
-                                    "MiB")
+    rss_peak_mib: float | None = _f("Process RSS high-water mark: not a tensor peak (freed pages are kept).", "MiB")
 
 
 @dataclasses.dataclass
@@ -183,13 +173,11 @@ class Provenance:
 class RunRecord:
     """One run."""
 
-    schema_version: int = _f("Version of this schema; readers check it.", choices=(SCHEMA_VERSION,),
-                             default=SCHEMA_VERSION)
+    schema_version: int = _f("Version of this schema.", choices=(SCHEMA_VERSION,), default=SCHEMA_VERSION)
     run_id: str = _f("Unique id of the run (the caller's, or UTC time + random suffix).", default="")
     status: str = _f("How the run ended.", choices=("ok", "failed", "diverged", "interrupted", "oom"), default="ok")
     error: str | None = _f("One line, Type: message, for every status but ok (may be set for diverged).")
-    loop: str = _f("The training loop that produced the record.", choices=("lightning", "accelerate", "raw"),
-                   default="lightning")
+    loop: str = _f("The training loop that wrote it.", choices=("lightning", "accelerate", "raw"), default="lightning")
     created_at: str = _f("When the record was written, ISO 8601 with UTC offset.", default="")
     config: dict = _f("The resolved configuration (LightningCLI's), or {}.", default=dict)
     techniques: Techniques = _f("", default=Techniques)
@@ -227,9 +215,7 @@ def _type_ok(value: Any, accepted: tuple) -> bool:
     """JSON's view of types: an int is also a float, a bool is not an int."""
     if value is None or isinstance(value, bool):
         return (None if value is None else bool) in accepted
-    if isinstance(value, int) and float in accepted:
-        return True
-    return any(t is not None and isinstance(value, t) for t in accepted)
+    return (isinstance(value, int) and float in accepted) or any(t and isinstance(value, t) for t in accepted)
 
 
 def _check(prefix: str, record: Mapping, cls: type, errors: list[str]) -> None:
@@ -261,30 +247,24 @@ def validate_record(record: Any) -> list[str]:
         return errors
     history = record.get("history")
     for name, points in history.items() if isinstance(history, Mapping) else ():
-        last = -1
         for i, point in enumerate(points if isinstance(points, list) else [None]):
             if not (isinstance(point, (list, tuple)) and len(point) == 2 and _type_ok(point[0], (int,))
-                    and _type_ok(point[1], (float, None))):
-                errors.append(f"history.{name}[{i}]: expected [int step, number or null], got {point!r:.60}")
+                    and _type_ok(point[1], (float, None))) or (i and point[0] < points[i - 1][0]):
+                errors.append(f"history.{name}[{i}]: expected [int step, number or null] in step order, "
+                              f"got {point!r:.60}")
                 break
-            if point[0] < last:
-                errors.append(f"history.{name}[{i}]: step {point[0]} after step {last}")
-                break
-            last = point[0]
     if record.get("status") in ("failed", "interrupted", "oom") and not record.get("error"):
         errors.append(f"error: status {record['status']!r} needs a one-line error message")
     parts = [get_path(record, f"techniques.{k}") for k in ("micro_batch_size", "accumulate_grad_batches", "world_size")]
     eff = get_path(record, "techniques.effective_batch_size")
     if all(isinstance(p, int) for p in [*parts, eff]) and eff != math.prod(parts):
-        errors.append(f"techniques.effective_batch_size: {eff} != micro_batch_size × accumulate_grad_batches × "
-                      f"world_size = {math.prod(parts)}")
+        errors.append(f"techniques.effective_batch_size: {eff} != micro × accumulate × world_size = {math.prod(parts)}")
     return errors
 
 
 def check_record(record: Any) -> None:
     """Raise :class:`RecordError` listing every problem if ``record`` does not match the schema."""
-    errors = validate_record(record)
-    if errors:
+    if errors := validate_record(record):
         raise RecordError("invalid run record:\n" + "\n".join(errors))
 
 
@@ -298,7 +278,6 @@ def get_path(mapping: Any, path: str, default: Any = None) -> Any:
 
 
 def now_iso() -> str:
-    """The current time, ISO 8601 with the local UTC offset."""
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
@@ -307,11 +286,6 @@ def _as_dict(obj: Any) -> Any:
         return obj
     return {f.metadata["key"] or f.name: _as_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
             if not (f.metadata["optional"] and getattr(obj, f.name) is None)}
-
-
-def new_record(run_id: str | None = None, loop: str = "lightning", command: list[str] | None = None) -> dict[str, Any]:
-    """A record with every key of the schema and its :func:`provenance`: nothing measured yet, status ok."""
-    return build_record(loop=loop, run_id=run_id, command=command)
 
 
 def provenance(command: list[str] | None = None) -> dict[str, Any]:
@@ -346,22 +320,20 @@ def build_record(*, loop: str = "lightning", status: str = "ok", error: str | No
     return to_jsonable(record)
 
 
+new_record = build_record  # with no sections: every key of the schema, nothing measured yet
+
+
 def to_jsonable(obj: Any) -> Any:
     """``obj`` as plain JSON values: tensors and numpy scalars to numbers, paths and unknowns to str, tuples to
     lists, non-finite floats to ``None``."""
-    if obj is None or isinstance(obj, (bool, str, int)):
-        return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (bool, str, int, float)):
+        return None if isinstance(obj, float) and not math.isfinite(obj) else obj
     if isinstance(obj, Mapping):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):
         return [to_jsonable(v) for v in obj]
-    if callable(getattr(obj, "item", None)) and getattr(obj, "ndim", 0) == 0:
-        try:
-            return to_jsonable(obj.item())
-        except (TypeError, ValueError, RuntimeError):
-            pass
+    if callable(getattr(obj, "item", None)) and getattr(obj, "ndim", 0) == 0:  # tensors, numpy scalars
+        return to_jsonable(obj.item())
     if callable(getattr(obj, "as_dict", None)):  # jsonargparse Namespace
         return to_jsonable(obj.as_dict())
     return str(obj)
@@ -400,7 +372,6 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 
 def write_record(path: str | os.PathLike, record: Mapping, validate: bool = True) -> Path:
-    """Write one record to ``path`` atomically, validated unless told not to."""
     return write_text_atomic(path, _dumps(record, validate, indent=2) + "\n")
 
 
@@ -425,7 +396,6 @@ def append_record(jsonl_path: str | os.PathLike, record: Mapping, validate: bool
 
 
 def read_record(path: str | os.PathLike, validate: bool = True) -> dict[str, Any]:
-    """One record from a ``.json`` file, validated unless told not to."""
     record = json.loads(Path(path).read_text(encoding="utf-8"))
     if validate:
         check_record(record)
@@ -436,20 +406,19 @@ def read_records(jsonl_path: str | os.PathLike, validate: bool = False) -> list[
     """The records of a ``.jsonl`` file, in order; a line that is not a JSON object (a torn write, a hand edit),
     or with ``validate`` one that does not match the schema, is skipped with a warning naming file and line."""
     records: list[dict[str, Any]] = []
-    with Path(jsonl_path).open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError) as err:
-                warnings.warn(f"{jsonl_path}:{lineno}: skipped damaged record line ({err})", stacklevel=2)
-                continue
-            problems = validate_record(record) if validate or not isinstance(record, dict) else []
-            if problems:
-                warnings.warn(f"{jsonl_path}:{lineno}: skipped invalid record ({problems[0]})", stacklevel=2)
-            else:
-                records.append(record)
+    for lineno, raw in enumerate(Path(jsonl_path).read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except ValueError as err:  # UnicodeDecodeError is one too
+            warnings.warn(f"{jsonl_path}:{lineno}: skipped damaged record line ({err})", stacklevel=2)
+            continue
+        problems = validate_record(record) if validate or not isinstance(record, dict) else []
+        if problems:
+            warnings.warn(f"{jsonl_path}:{lineno}: skipped invalid record ({problems[0]})", stacklevel=2)
+        else:
+            records.append(record)
     return records
 
 

@@ -1,9 +1,6 @@
 """The training of ``main.py fit`` as one plain PyTorch loop driven by Hugging Face Accelerate; no Lightning.
 
 To run: ``uv run python -m modelwright accelerate --config configs/amp.yaml`` (N processes: docs/accelerate.md).
-
-Same config files, network, data, optimizer, schedule, measurement and run record (``loop: accelerate``) as
-the Lightning path; it writes ``<out>/<trainer.logger.init_args.name>/accelerate/version_N/record.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import set_seed
 from torchmetrics.functional.classification import multiclass_accuracy
 
@@ -75,12 +73,6 @@ class TrainerArgs:
             require(getattr(self, key) >= 1, f"trainer.{key}: must be an integer >= 1, got {getattr(self, key)}")
         require(self.max_epochs != -1 or self.max_steps != -1, "trainer.max_epochs: -1 with max_steps -1 never ends")
 
-    @property
-    def run_name(self) -> str:
-        """``logger.init_args.name``: the folder of the Lightning runs of the same config."""
-        init_args = self.logger.get("init_args") if isinstance(self.logger, dict) else None
-        return (init_args or {}).get("name") or "lightning_logs"
-
 
 def _batches(length: int, limit: int | float | None) -> int:  # Lightning's limit_*_batches: a count or a fraction
     return length if limit is None else min(length, limit if isinstance(limit, int) else int(length * limit))
@@ -94,8 +86,10 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
     cpu_malloc: Literal["retain", "system"] = "retain",
     warmup_steps: int = 2,
     out: str = "lightning_logs",
-) -> None:
-    """Train as ``main.py fit`` does, in a plain Accelerate loop, and write the run record.
+):
+    """Train as ``main.py fit`` does, in a plain Accelerate loop; write the run record (``loop: accelerate``) to
+    ``<out>/<trainer.logger.init_args.name>/accelerate/version_N/record.json``. Returns the trained network
+    (unwrapped) and the run record, on every process.
 
     Args:
         model: the network, optimizer and schedule (ImageClassifier's arguments).
@@ -106,12 +100,6 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
         warmup_steps: optimizer steps left out of timing and memory peaks; the next one's anatomy is captured.
         out: the folder that holds ``<name>/accelerate/version_N`` (Lightning's ``save_dir``).
     """
-    train(model, data, trainer, seed_everything, cpu_malloc, warmup_steps, out)
-
-
-def train(model: ModelArgs, data: DataArgs, trainer: TrainerArgs, seed_everything: int = 0,
-          cpu_malloc: str = "retain", warmup_steps: int = 2, out: str = "lightning_logs"):
-    """:func:`accelerate`'s work; returns the trained network (unwrapped) and the run record, on every process."""
     m, t, k = model, trainer, trainer.accumulate_grad_batches
     require(warmup_steps >= 0, f"warmup_steps: must be >= 0, got {warmup_steps}")
     config = {"seed_everything": seed_everything, "cpu_malloc": cpu_malloc, "warmup_steps": warmup_steps,
@@ -121,7 +109,8 @@ def train(model: ModelArgs, data: DataArgs, trainer: TrainerArgs, seed_everythin
     mixed = MIXED_PRECISION[str(t.precision)]
     mixed = "bf16" if mixed == "fp16" and cpu else mixed  # as Lightning: float16 autocast needs a GPU
     precision = {"no": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[mixed]
-    root = Path(out) / t.run_name / "accelerate"
+    logger = (t.logger.get("init_args") if isinstance(t.logger, dict) else None) or {}
+    root = Path(out) / (logger.get("name") or "lightning_logs") / "accelerate"  # beside the Lightning runs
     accelerator = Accelerator(cpu=cpu, mixed_precision=mixed, gradient_accumulation_steps=k,
                               log_with="tensorboard", project_dir=str(root))
     set_seed(seed_everything)  # before the network draws its initial weights, as LightningCLI orders it
@@ -265,8 +254,6 @@ def train(model: ModelArgs, data: DataArgs, trainer: TrainerArgs, seed_everythin
             print(f"record: {write_record(run_dir / 'record.json', record)}", flush=True)
         accelerator.end_training()
         if world == 1:  # Accelerate's process-wide state would pin the next in-process run to these settings
-            from accelerate.state import AcceleratorState, GradientState
-
             AcceleratorState._reset_state(reset_partial_state=True)
             GradientState._reset_state()
     return plain, record

@@ -14,19 +14,13 @@ from torch import nn
 MIB = 2**20
 
 
-def as_device(device: torch.device | str | None) -> torch.device:
-    """``device`` as a ``torch.device``; ``None`` is the CPU."""
-    return torch.device(device or "cpu")
-
-
 def cuda_device(device: torch.device | str | None) -> torch.device | None:
-    """``device`` if it is a CUDA device and CUDA is available, else ``None``."""
-    device = as_device(device)
+    """``device`` (``None``: the CPU) if it is a CUDA device and CUDA is available, else ``None``."""
+    device = torch.device(device or "cpu")
     return device if device.type == "cuda" and torch.cuda.is_available() else None
 
 
 def available_cpus() -> int | None:
-    """Logical CPUs this process may run on (``None`` where the OS does not say)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
@@ -35,20 +29,18 @@ def cpuinfo() -> dict[str, str]:
     """The first processor's ``/proc/cpuinfo`` entries (``model name``, ``flags``, ``cpu MHz``, ...); {} elsewhere."""
     try:
         with open("/proc/cpuinfo") as f:
-            first = f.read().split("\n\n")[0]  # the first processor's block
+            first = f.read().split("\n\n")[0]
     except OSError:
         return {}
     return {k.strip(): v.strip() for k, sep, v in (line.partition(":") for line in first.splitlines()) if sep}
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
     return cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 def device_name(device: torch.device | str | None) -> str:
-    """A human name for ``device``: the GPU's name, or the CPU model."""
-    device = as_device(device)
+    device = torch.device(device or "cpu")
     if cuda_device(device) is not None:
         return torch.cuda.get_device_name(device)
     return cpu_model() if device.type == "cpu" else device.type
@@ -57,11 +49,8 @@ def device_name(device: torch.device | str | None) -> str:
 def hardware_info(device: torch.device | str | None = None, num_devices: int | None = None) -> dict[str, Any]:
     """The record's ``hardware`` section for ``device`` (default: CUDA if present, else CPU), with the logical
     CPUs this process may run on (``cpu_cores_available``) and the machine's RAM (``host_memory_mib``)."""
-    device = as_device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MIB
-    except (AttributeError, ValueError, OSError):  # no sysconf (Windows)
-        host = None
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MIB
     gpu = cuda_device(device)
     return {
         "accelerator": device.type,
@@ -77,8 +66,6 @@ def hardware_info(device: torch.device | str | None = None, num_devices: int | N
 
 
 def versions() -> dict[str, str | None]:
-    """The record's ``versions`` section; ``cuda`` is the CUDA version torch was built with (or None)."""
-
     def dist(name: str) -> str | None:
         try:
             return metadata.version(name)

@@ -18,24 +18,13 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from modelwright.measure.facts import as_device, available_cpus, cpu_model, cpuinfo, cuda_device, device_name
+from modelwright.measure.facts import available_cpus, cpu_model, cpuinfo, cuda_device, device_name
 from modelwright.record import DEFINITIONS_VERSION, write_text_atomic
 
 
-def count_flops(fn: Callable[[], Any]) -> int:
-    """FLOPs of everything ``fn`` runs by PyTorch's ``FlopCounterMode``: matmuls, convolutions and attention (the
-    ops that dominate); elementwise ops, norms and the optimizer count as zero."""
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return int(counter.get_total_flops())
-
-
 def meta_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` with parameters and buffers on the meta device (no memory, no compute).
-
-    Forwards replaced on instances (gradient-checkpointing wrappers) and ``torch.compile`` wrappers are dropped
-    in the copy, so FLOPs counted on it are model FLOPs, without recomputation.
-    """
+    """A copy of ``module`` on the meta device, without ``torch.compile`` and the forwards replaced on instances
+    (gradient checkpointing), so FLOPs counted on it are model FLOPs, without recomputation."""
     module = getattr(module, "_orig_mod", module)
     # nn.Module.compile() keeps its compiled call on the instance.
     memo: dict[int, Any] = {id(m.__dict__["_compiled_call_impl"]): None for m in module.modules()
@@ -52,37 +41,34 @@ def meta_copy(module: nn.Module) -> nn.Module:
 
 def training_flops(module: nn.Module, example_input: torch.Tensor,
                    loss_fn: Callable[[Any], torch.Tensor] | None = None) -> int:
-    """FLOPs of one forward and backward of ``module`` on a batch shaped like ``example_input``, counted on a
-    :func:`meta_copy`; the loss (``loss_fn``, default a sum of the output) is negligible. Multiply by the
-    micro-batches per optimizer step for a step's FLOPs."""
+    """FLOPs of one forward and backward of ``module`` on a batch shaped like ``example_input``, on a
+    :func:`meta_copy`, by PyTorch's ``FlopCounterMode`` (matmuls, convolutions, attention; the rest counts 0); the
+    loss (``loss_fn``, default a sum of the output) is negligible."""
     model = meta_copy(module).train()
-    x = example_input.detach().to("meta")
     loss_fn = loss_fn or (lambda out: out.float().sum())
-    return count_flops(lambda: loss_fn(model(x)).backward())
+    with FlopCounterMode(display=False) as counter:
+        loss_fn(model(example_input.detach().to("meta"))).backward()
+    return int(counter.get_total_flops())
 
 
 def compute_dtype(precision: str | int | None) -> torch.dtype:
     """The dtype a run's matmuls use: ``"bf16-mixed"`` → bfloat16, ``"16-mixed"`` → float16, else float32."""
     p = str(precision or "32").lower()
-    for prefixes, dtype in ((("bf16", "transformer-engine"), torch.bfloat16), (("64",), torch.float64),
-                            (("16",), torch.float16)):
-        if p.startswith(prefixes):
-            return dtype
-    return torch.float32
+    if p.startswith(("bf16", "transformer-engine")):
+        return torch.bfloat16
+    return torch.float64 if p.startswith("64") else torch.float16 if p.startswith("16") else torch.float32
 
 
 def mfu(flops_per_step: float | None, step_time_s: float | None, peak_flops_per_s: float | None) -> float | None:
-    """Model FLOPs utilisation: (FLOPs per step ÷ step time) ÷ peak FLOP/s."""
     ok = flops_per_step and step_time_s and peak_flops_per_s
     return flops_per_step / step_time_s / peak_flops_per_s if ok else None
 
 
+#: A device's peak FLOP/s in one dtype, its source (None: unknown) and method: the arithmetic, or why there is none.
 class PeakFlops(NamedTuple):
-    """A device's peak FLOP/s in one dtype, where the figure comes from and how it was reached."""
-
     flops_per_s: float | None
-    source: str | None  # "datasheet", "cpu-isa-clock", "config", or None: unknown
-    method: str | None  # the arithmetic behind it, or why there is none
+    source: str | None
+    method: str | None
 
 
 # Dense datasheet peaks, FLOP/s: (name pattern, {dtype: peak}); "tf32" is float32 on tensor cores.
@@ -109,8 +95,7 @@ def _gpu_peak(device: torch.device, dtype: torch.dtype) -> PeakFlops:
             matmul = torch.get_float32_matmul_precision() != "highest"
             conv = bool(torch.backends.cudnn.allow_tf32)
         key = "tf32" if matmul or conv else key
-        note = f"; TF32 allowed for matmul: {'yes' if matmul else 'no'}, for cuDNN convolutions: " \
-               f"{'yes' if conv else 'no'}"
+        note = f"; TF32 allowed for matmul: {('no', 'yes')[matmul]}, for cuDNN convolutions: {('no', 'yes')[conv]}"
     if key not in table:
         return PeakFlops(None, None, f"no datasheet peak for {name} in {key}{note}")
     return PeakFlops(table[key], "datasheet", f"{name}: dense {key} datasheet peak{note}")
@@ -168,17 +153,14 @@ def _timed_add_loop_hz(iterations: int = 2_000_000, repeats: int = 5) -> float |
         best = min(best, time.thread_time() - t0)
     del loop, cbuf
     page.close()
-    return iterations * _X86_ADDS / best if best > 0 else None
+    return iterations * _X86_ADDS / best
 
 
-def cpu_clock_hz(cache_path: str | Path | None = None) -> tuple[float | None, str]:
-    """The CPU's clock and how it was found: measured once per machine (:data:`CLOCK_METHOD`), else cpuinfo MHz.
-
-    Cached in ``cache_path`` (default ``$MODELWRIGHT_CACHE_DIR``, else ``~/.cache/modelwright``,
-    ``/cpu_clock.json``) with its method and ``DEFINITIONS_VERSION``; another method or version is measured again.
-    """
-    cache_dir = os.environ.get("MODELWRIGHT_CACHE_DIR") or Path.home() / ".cache" / "modelwright"
-    path = Path(cache_path or Path(cache_dir) / "cpu_clock.json")
+def cpu_clock_hz() -> tuple[float | None, str]:
+    """The CPU's clock and how it was found: measured once per machine (:data:`CLOCK_METHOD`), else cpuinfo MHz;
+    cached in ``$MODELWRIGHT_CACHE_DIR/cpu_clock.json`` (default ``~/.cache/modelwright``) per method and
+    ``DEFINITIONS_VERSION``."""
+    path = Path(os.environ.get("MODELWRIGHT_CACHE_DIR") or Path.home() / ".cache" / "modelwright") / "cpu_clock.json"
     try:
         cache = dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):  # none yet, or damaged
@@ -198,46 +180,30 @@ def cpu_clock_hz(cache_path: str | Path | None = None) -> tuple[float | None, st
     return hz, CLOCK_METHOD
 
 
-def physical_cores() -> int:
-    """Cores this process may run on, SMT siblings counted once (they share the FMA units)."""
-    info = cpuinfo()
-    try:
-        per_core = max(1, int(info["siblings"]) // int(info["cpu cores"]))
-    except (KeyError, ValueError, ZeroDivisionError):
-        per_core = 1
-    return max(1, (available_cpus() or os.cpu_count() or 1) // per_core)
-
-
-def hardware_peak(device: torch.device | str | None, dtype: torch.dtype = torch.float32,
-                  cache_path: str | Path | None = None) -> PeakFlops:
-    """The peak FLOP/s of one ``device`` in ``dtype``, with its source and the arithmetic behind it.
-
-    GPU: the dense datasheet figure (TF32 for float32 where PyTorch allows it on Ampere or later).
-    CPU: cores (``torch.get_num_threads()``, at most the physical cores) × FLOP/cycle of the instruction set
-    (``/proc/cpuinfo`` flags) × the clock of :func:`cpu_clock_hz`. Unknown hardware gives ``flops_per_s=None``.
-    """
-    device = as_device(device)
+def hardware_peak(device: torch.device | str | None, dtype: torch.dtype = torch.float32) -> PeakFlops:
+    """The peak FLOP/s of one ``device`` in ``dtype`` (docs/measurement.md); ``flops_per_s=None`` if unknown. On a
+    CPU the cores are ``torch.get_num_threads()``, at most the physical cores this process may run on."""
+    device = torch.device(device or "cpu")
     if cuda_device(device) is not None:
         return _gpu_peak(device, dtype)
     if device.type != "cpu":
         return PeakFlops(None, None, f"no peak known for {device.type}")
-    per_cycle, isa = _cpu_flop_per_cycle(dtype, cpuinfo())
-    hz, how = cpu_clock_hz(cache_path) if per_cycle else (None, isa)
+    info = cpuinfo()
+    per_cycle, isa = _cpu_flop_per_cycle(dtype, info)
+    hz, how = cpu_clock_hz() if per_cycle else (None, isa)
     if hz is None:
         return PeakFlops(None, None, how)
-    cores = min(torch.get_num_threads(), physical_cores())
+    smt = max(1, int(info.get("siblings", 1)) // int(info.get("cpu cores", 1)))  # SMT siblings share FMA units
+    cores = min(torch.get_num_threads(), max(1, (available_cpus() or os.cpu_count() or 1) // smt))
     name = str(dtype).removeprefix("torch.")
     return PeakFlops(cores * per_cycle * hz, "cpu-isa-clock",
                      f"{cores} cores x {per_cycle} {name} FLOP/cycle ({isa}) x {hz / 1e9:.2f} GHz ({how})")
 
 
-def resolve_peak_flops(device: torch.device | str, dtype: torch.dtype, table_value: float | None = None,
+def resolve_peak_flops(device: torch.device | str, dtype: torch.dtype,
                        config_value: float | None = None) -> tuple[float | None, str | None]:
-    """``(peak, source)``: ``config_value`` if given, else :func:`hardware_peak`, else ``table_value`` (a vendor
-    table such as Lightning's, for a GPU ours lacks)."""
+    """``(peak, source)``: ``config_value`` if given, else :func:`hardware_peak`."""
     if config_value:
         return float(config_value), "config"
     peak = hardware_peak(device, dtype)
-    if peak.flops_per_s:
-        return peak.flops_per_s, peak.source
-    return (float(table_value), "lightning-table") if table_value else (None, None)
+    return peak.flops_per_s, peak.source

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import resource
 import sys
 import warnings
 from collections.abc import Iterable, Iterator
@@ -24,10 +25,8 @@ _OURS_TO_TRACKER = {v: k for k, v in _TRACKER_TO_OURS.items()}
 # A storage the tracker has filed under one of these keeps its name when a collective or register() sees it.
 _KEEP = {"Parameter", "Buffer", "Gradient", "Optstate"}
 #: Why a compiled module has no anatomy (``MemoryAnatomy.caveat``).
-COMPILE_NOT_MEASURED = (
-    "not measured: torch.compile runs eagerly under PyTorch's memory tracker (a TorchDispatchMode), "
-    "so its figures would be eager memory"
-)
+COMPILE_NOT_MEASURED = ("not measured: torch.compile runs eagerly under PyTorch's memory tracker (a "
+                        "TorchDispatchMode), so its figures would be eager memory")
 
 
 def reset_peak_memory(device: torch.device | str | None) -> bool:
@@ -46,18 +45,12 @@ def peak_memory_mib(device: torch.device | str | None) -> dict[str, float | None
 
 
 def process_rss_peak_mib() -> float | None:
-    """The process's resident-set high-water mark in MiB (``getrusage``): not a tensor peak (on CPU glibc keeps
-    freed pages; the Python heap and libraries are in it), so reported only under its own label."""
-    try:
-        import resource
-    except ImportError:  # Windows
-        return None
+    """The process's resident-set high-water mark in MiB: not a tensor peak (glibc keeps freed pages)."""
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return maxrss / MIB if sys.platform == "darwin" else maxrss / 1024  # Linux reports KiB, macOS bytes
 
 
 def is_compiled(module: nn.Module) -> bool:
-    """Whether ``module`` (or a submodule) runs through ``torch.compile``."""
     return hasattr(module, "_orig_mod") or any(m.__dict__.get("_compiled_call_impl") for m in module.modules())
 
 
@@ -67,19 +60,13 @@ class AnatomyUnavailable(RuntimeError):
 
 class MemoryAnatomy:
     """Where the tensor memory of a captured region (``with anatomy.capture(model, [optimizer]):``) went, by
-    ``record.ANATOMY_CATEGORIES`` (docs/measurement.md): :attr:`peak_bytes` when ``total`` was highest,
-    :attr:`end_bytes` at :meth:`stop`. Work outside every forward, backward and update on inputs or untracked
-    tensors only (indexing a dataset, collating) makes ``inputs``, kept out of ``total`` and the peak;
-    :meth:`register` files tensors explicitly. Activations above 1 MiB alive at the end, or a compiled module
-    (not measured: it would run eagerly), set :attr:`caveat`.
+    ``ANATOMY_CATEGORIES`` (docs/measurement.md): :attr:`peak_bytes` when ``total`` was highest, :attr:`end_bytes`
+    at :meth:`stop`. Accumulation needs :meth:`next_micro_batch` between forwards; where forward and backward run
+    inside ``optimizer.step(closure)``, ``explicit_optimizer_update`` counts optimizer state only after
+    :meth:`optimizer_update`."""
 
-    Gradient accumulation needs :meth:`next_micro_batch` between forwards of the root module. Where forward and
-    backward run inside ``optimizer.step(closure)`` (Lightning), ``explicit_optimizer_update`` counts optimizer
-    state only after :meth:`optimizer_update` (call it where the update begins: ``on_before_optimizer_step``).
-    """
-
-    def __init__(self, device: torch.device | str | None = None, explicit_optimizer_update: bool = False) -> None:
-        self.device = torch.device(device) if device is not None else None  # None: the one with the largest peak
+    def __init__(self, device: torch.device | str, explicit_optimizer_update: bool = False) -> None:
+        self.device = torch.device(device)
         self.explicit_optimizer_update = explicit_optimizer_update
         self._tracker: Any = None
         self._pending: list[tuple[torch.Tensor, str]] = []
@@ -92,7 +79,6 @@ class MemoryAnatomy:
         return self._tracker is not None
 
     def start(self, modules: nn.Module | Iterable[nn.Module], optimizers: Iterable[Any] = ()) -> None:
-        """Begin tracking; ``modules`` and ``optimizers`` are registered as parameters / optimizer state."""
         modules = [modules] if isinstance(modules, nn.Module) else list(modules)
         self.peak_bytes = self.end_bytes = self.caveat = None
         if any(is_compiled(m) for m in modules):
@@ -122,7 +108,7 @@ class MemoryAnatomy:
                 self._pending.append((t, _OURS_TO_TRACKER[category]))
 
     def optimizer_update(self) -> None:
-        """Mark that the optimizer's update begins now (with ``explicit_optimizer_update``)."""
+        """Mark where the optimizer's update begins (``on_before_optimizer_step``)."""
         if self._tracker is not None:
             self._tracker.update_marked = True
 
@@ -132,7 +118,6 @@ class MemoryAnatomy:
             self._tracker.reset_mod_stats()
 
     def stop(self) -> dict[str, float] | None:
-        """End tracking; returns :meth:`peak_mib` (``None`` when not measured)."""
         tracker, self._tracker = self._tracker, None
         if tracker is None:
             if self.caveat is not None:
@@ -142,8 +127,7 @@ class MemoryAnatomy:
             end, peak = tracker.get_tracker_snapshot("current"), tracker.get_tracker_snapshot("peak")
         finally:
             tracker.__exit__(None, None, None)
-        device = self.device or max(peak, key=lambda d: peak[d].get("Total", 0), default=torch.device("cpu"))
-        self.peak_bytes, self.end_bytes = _ours(peak, device), _ours(end, device)
+        self.peak_bytes, self.end_bytes = _ours(peak, self.device), _ours(end, self.device)
         left = self.end_bytes["activations"]
         if left > MIB:
             self.caveat = (f"{left / MIB:.1f} MiB of activations alive after the step (limit 1 MiB): "
@@ -152,7 +136,6 @@ class MemoryAnatomy:
 
     @contextlib.contextmanager
     def capture(self, modules: nn.Module | Iterable[nn.Module], optimizers: Iterable[Any] = ()) -> Iterator[Any]:
-        """Context manager around :meth:`start` / :meth:`stop`."""
         self.start(modules, optimizers)
         try:
             yield self
@@ -160,14 +143,10 @@ class MemoryAnatomy:
             self.stop()
 
     def peak_mib(self) -> dict[str, float] | None:
-        return _mib(self.peak_bytes)
+        return None if self.peak_bytes is None else {k: v / MIB for k, v in self.peak_bytes.items()}
 
     def end_mib(self) -> dict[str, float] | None:
-        return _mib(self.end_bytes)
-
-
-def _mib(nbytes: dict[str, int] | None) -> dict[str, float] | None:
-    return None if nbytes is None else {k: v / MIB for k, v in nbytes.items()}
+        return None if self.end_bytes is None else {k: v / MIB for k, v in self.end_bytes.items()}
 
 
 def _ours(snapshots: dict, device: torch.device) -> dict[str, int]:
@@ -205,8 +184,7 @@ def _tracker_class() -> type:
             self.explicit_update, self.update_marked, self.as_inputs = explicit_update, False, False
             self.ops = 0  # dispatch count: orders births against the peak
             self.born = WeakIdKeyDictionary()  # storage -> dispatch count when first tracked
-            self.peak_at: dict[Any, int] = {}
-            self.peak_counted: dict[Any, int] = {}
+            self.peak_of: dict[Any, tuple[int, int]] = {}  # device -> (bytes counted, dispatch count) at its peak
 
         def _track(self, reftype: Any, t: torch.Tensor) -> None:
             for st in get_untyped_storages(t):
@@ -218,9 +196,8 @@ def _tracker_class() -> type:
             # The peak of the step's own memory: inputs (a dataset first touched mid-step) do not move it.
             for dev, snap in self._curr_mem_snap.items():
                 counted = snap["Total"] - snap.get(_INPUTS, 0)
-                if counted > self.peak_counted.get(dev, -1):
-                    self.peak_counted[dev], self.peak_at[dev] = counted, self.ops
-                    self._peak_mem_snap[dev] = dict(snap)
+                if counted > self.peak_of.get(dev, (-1, -1))[0]:
+                    self.peak_of[dev], self._peak_mem_snap[dev] = (counted, self.ops), dict(snap)
 
         def _winfo(self, st: Any) -> Any:
             return self._WINFO.get(st, (None, None))[0]
@@ -241,7 +218,7 @@ def _tracker_class() -> type:
                     snaps = [self._curr_mem_snap[winfo.device]]
                     # Alive now and tracked by the peak's moment: it was in the peak under its old name.
                     if winfo.device in self._peak_mem_snap and \
-                            self.born.get(st, -1) <= self.peak_at.get(winfo.device, -1):
+                            self.born.get(st, -1) <= self.peak_of.get(winfo.device, (-1, -1))[1]:
                         snaps.append(self._peak_mem_snap[winfo.device])
                     for snap in snaps:
                         snap[old] -= size

@@ -1,12 +1,7 @@
-"""The saved-for-backward profile of one training step: what the planner predicts every technique's peak from.
-
-One plain fp32 step, no checkpointing, runs under PyTorch's ``MemTracker`` with ``saved_tensors_hooks`` that see
-every tensor autograd keeps for backward. Per module in forward order the profile holds the storages it saved
-(each counted once, charged to the first module that saved it: the last to release it in backward) by dtype and
-kind (``batch``: first dimension a multiple of the batch; ``fixed``: per-channel statistics; ``param``: a weight,
-free in fp32; ``cast``: a weight autocast copies to 16 bits; ``input``: the batch, made before the step);
-MemTracker's gradients, activations and temporaries at the module's backward peak; and the checkpoint segments
-(stage, block) it is in, with each segment's input and parameter bytes. ``modelwright.planner.memory`` reads it.
+"""The saved-for-backward profile of one plain fp32 step, which ``modelwright.planner.memory`` predicts every
+technique's peak from: per module in forward order, the storages autograd saved (each charged to the first module
+that saved it) by dtype and kind (``batch``, ``fixed``: per-channel, ``param``, ``cast``: a weight autocast copies
+to 16 bits, ``input``: the batch), MemTracker's figures at its backward peak, and its checkpoint segments.
 """
 
 from __future__ import annotations
@@ -31,12 +26,8 @@ def _kind(t: torch.Tensor, batch: int) -> str:
 def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
                  optimizers: Sequence[torch.optim.Optimizer] = (), inputs: Sequence[torch.Tensor] = (),
                  segments: Mapping[str, Sequence[nn.Module]] | None = None) -> dict[str, Any]:
-    """Run ``step`` (one forward, backward and optimizer step of ``batch_size`` samples on ``inputs``, the batch
-    made before it) once and return its JSON-ready profile, sizes in bytes; see the module docstring.
-
-    Run it after a warm-up step (so the optimizer state exists) on an fp32 model without checkpointing;
-    ``segments`` are the checkpoint segments by granularity (``{"stage": [...], "block": [...]}``).
-    """
+    """Run ``step`` (forward, backward and update of ``batch_size`` samples on ``inputs``) once, after a warm-up
+    step, and return its JSON-ready profile in bytes; ``segments``: checkpoint segments by granularity."""
     from torch.distributed._tools.mem_tracker import MemTracker, _ModState
 
     names = {m: n for n, m in model.named_modules()}
@@ -87,8 +78,7 @@ def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
             storages[key] = [owner, st.nbytes(), kind, str(t.dtype).removeprefix("torch.")]
         return t
 
-    hooks = [m.register_forward_pre_hook(pre) for m in model.modules()]
-    hooks += [m.register_forward_hook(post) for m in model.modules()]
+    hooks = [h for m in model.modules() for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
     tracker = MemTracker()
     tracker.track_external(model, *optimizers)
     try:

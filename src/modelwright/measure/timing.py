@@ -10,61 +10,49 @@ from typing import Any
 
 import torch
 
-from modelwright.measure.facts import as_device, cuda_device
+from modelwright.measure.facts import cuda_device
 
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0..100) with linear interpolation (numpy's default method)."""
-    if not values:
-        raise ValueError("percentile of an empty sequence")
-    xs, pos = sorted(values), (len(values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
+    return torch.quantile(torch.tensor(values, dtype=torch.float64), q / 100).item()
 
 
 def device_sync(device: torch.device | str | None) -> Callable[[], None]:
     """A function that waits for ``device``'s queued work (CUDA, MPS, XPU); a no-op elsewhere."""
-    device = as_device(device)
-    if cuda_device(device) is not None:
-        return lambda: torch.cuda.synchronize(device)
-    if device.type == "mps" and hasattr(torch, "mps"):
+    device = torch.device(device or "cpu")
+    if device.type == "mps":
         return torch.mps.synchronize
-    if device.type == "xpu" and hasattr(torch, "xpu"):
-        return lambda: torch.xpu.synchronize(device)
+    if cuda_device(device) is not None or device.type == "xpu":
+        return lambda: getattr(torch, device.type).synchronize(device)
     return lambda: None
 
 
 @dataclass(frozen=True)
 class Window:
-    """The measured optimizer steps: the first ``warmup_steps`` are left out, then ``measure_steps`` count
-    (``None``: until the end). Step time and the allocator peak both use this one rule."""
+    """The one warm-up rule of step time and the allocator peak: skip ``warmup_steps``, measure ``measure_steps``."""
 
     warmup_steps: int = 2
     measure_steps: int | None = None
 
     def __post_init__(self) -> None:
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.measure_steps is not None and self.measure_steps < 1:
-            raise ValueError(f"measure_steps must be >= 1 or None, got {self.measure_steps}")
+        if self.warmup_steps < 0 or (self.measure_steps is not None and self.measure_steps < 1):
+            raise ValueError(f"warmup_steps must be >= 0 and measure_steps >= 1 or None, got {self.warmup_steps} "
+                             f"and {self.measure_steps}")
 
-    def in_window(self, step: int) -> bool:
-        """Whether step ``step`` (0-based, counted from the first step this run took) is measured."""
-        return step >= self.warmup_steps and (self.measure_steps is None
-                                              or step < self.warmup_steps + self.measure_steps)
+    def in_window(self, step: int) -> bool:  # step: 0-based, from the first step this run took
+        return 0 <= step - self.warmup_steps < (self.measure_steps or math.inf)
 
 
 class StepTimer:
-    """Durations of the optimizer steps inside a :class:`Window`: :meth:`start` when a step begins, :meth:`stop`
-    when it ends. ``sync`` (see :func:`device_sync`) runs before each reading of ``clock``, so queued kernels
-    fall inside their step."""
+    """Durations of the optimizer steps inside a :class:`Window`, ``sync`` run before each reading of ``clock`` so
+    that queued kernels fall inside their step."""
 
     def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None,
                  clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None) -> None:
         self.window = Window(warmup_steps, measure_steps)
         self.clock, self.sync = clock, sync or (lambda: None)
         self.steps_seen = 0  # steps stopped, measured or not
-        self.excluded_steps = 0  # steps inside the window left out on request (e.g. an anatomy capture)
         self._durations_s: list[float] = []
         self._t0: Any = None
 
@@ -78,7 +66,7 @@ class StepTimer:
 
     def _add(self, t0: Any, t1: Any) -> float | None:
         self._durations_s.append(t1 - t0)
-        return t1 - t0
+        return self._durations_s[-1]
 
     def start(self) -> None:
         self._t0 = self._now()
@@ -87,10 +75,9 @@ class StepTimer:
         """End the current step; its duration in seconds if it was measured and is known now, else ``None``."""
         if self._t0 is None:
             raise RuntimeError("StepTimer.stop() without start()")
-        t0, self._t0, in_window = self._t0, None, self.in_window()
-        self.excluded_steps += in_window and exclude
+        t0, self._t0, measured = self._t0, None, self.in_window() and not exclude
         self.steps_seen += 1
-        return self._add(t0, self._now()) if in_window and not exclude else None
+        return self._add(t0, self._now()) if measured else None
 
     def cancel(self) -> None:
         """Drop a step that was started but will not finish (a fit stopped mid-step)."""
@@ -98,7 +85,6 @@ class StepTimer:
 
     @property
     def durations_s(self) -> list[float]:
-        """Measured step durations in seconds, in order."""
         return list(self._durations_s)
 
     def last_s(self) -> float | None:
@@ -125,8 +111,8 @@ class StepTimer:
 
 
 class CudaEventTimer(StepTimer):
-    """A :class:`StepTimer` that records CUDA events and reads them lazily (when a figure is asked for, or as the
-    device finishes them), so the host never waits on the device inside the loop; :meth:`stop` returns None."""
+    """A :class:`StepTimer` on CUDA events, read as the device finishes them or when a figure is asked for, so the
+    host never waits on the device inside the loop; :meth:`stop` returns None."""
 
     def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None) -> None:
         super().__init__(warmup_steps, measure_steps)
@@ -154,9 +140,8 @@ class CudaEventTimer(StepTimer):
 
 
 class StepCycle:
-    """Groups micro-batches into optimizer steps by watching the optimizer-step counter: a cycle opens at the first
-    micro-batch after the previous one closed and closes after the first that moves the counter, so the
-    accumulation rule (``batch_idx % k``, a short last batch of an epoch, manual optimization) need not be known."""
+    """Groups micro-batches into optimizer steps by watching the step counter: a cycle closes after the micro-batch
+    that moves it, so the accumulation rule (a short last cycle, manual optimization) need not be known."""
 
     def __init__(self) -> None:
         self.open = False
@@ -166,16 +151,14 @@ class StepCycle:
 
     def begin(self, step_counter: int) -> bool:
         """Call before each micro-batch; True if it opens a new optimizer step."""
-        if self.open:
-            self.micro_batches += 1
-            return False
-        self.open, self.step, self.micro_batches = True, step_counter, 1
-        return True
+        if not self.open:
+            self.open, self.step, self.micro_batches = True, step_counter, 0
+        self.micro_batches += 1
+        return self.micro_batches == 1
 
     def end(self, step_counter: int) -> bool:
         """Call after each micro-batch; True if the optimizer stepped (the cycle is complete)."""
-        if not self.open or step_counter == self.step:
-            return False
-        self.open = False
-        self.cycles += 1
-        return True
+        closed = self.open and step_counter != self.step
+        if closed:
+            self.open, self.cycles = False, self.cycles + 1
+        return closed

@@ -1,10 +1,8 @@
-"""The planner: per-rank memory, communication, step time and cost at N devices, and the advisor for a memory budget.
+"""The planner: per-rank memory (:mod:`.memory`), communication, step time and cost at N devices (:mod:`.scale`), and
+the advisor for a memory budget. Every figure printed is labelled measured (with its run id) or assumed (its source).
 
 To run: ``uv run python -m modelwright plan --record results/<hw>/records.jsonl [--devices [1,8,64]]`` (scaling
 tables) or ``... plan --budget_gib 16 --model resnet18 --batch 512`` (the advisor, from a profiled baseline).
-
-:mod:`.memory`: bytes per parameter, sharding, the peak predicted from a profiled step; :mod:`.scale`: communication,
-step time and cost. Every figure printed is labelled measured (with its run id) or assumed (with its source).
 """
 
 from __future__ import annotations
@@ -14,8 +12,11 @@ import itertools
 import json
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import NamedTuple
+
+from jsonargparse.typing import ClosedUnitInterval, PositiveFloat, PositiveInt
 
 from modelwright.errors import ConfigError, require
 from modelwright.planner import memory
@@ -118,9 +119,10 @@ def advise(profile_record: Mapping, config: Mapping, batch: int, budget_mib: flo
     return "\n".join(lines)
 
 
-def plan(record: Path | None = None, run_id: str | None = None, model: str | None = None, batch: int | None = None,
-         budget_gib: float | None = None, devices: list[int] = [1, 8, 64],  # noqa: B006 (jsonargparse reads it)
-         device: str = "H100 SXM", overlap: float = 1.0, price_per_hour: float | None = None,
+def plan(record: Path | None = None, run_id: str | None = None, model: str | None = None,
+         batch: PositiveInt | None = None, budget_gib: PositiveFloat | None = None,
+         devices: list[PositiveInt] = [1, 8, 64],  # noqa: B006 (jsonargparse reads it)
+         device: str = "H100 SXM", overlap: ClosedUnitInterval = 1.0, price_per_hour: float | None = None,
          gpu_step_time_ms: float | None = None, price_cpu_step_time: bool = False, epochs: float = 100,
          dataset_size: int = 50_000) -> None:
     """Print the planner's Markdown: the advisor for a memory budget, or the scaling tables.
@@ -141,9 +143,7 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
         epochs: epochs of the priced job.
         dataset_size: samples per epoch.
     """
-    require(0 <= overlap <= 1, f"--overlap: must be in [0, 1], got {overlap}")
     require(device in DEFAULT_PRICES, f"--device: unknown {device!r}; valid: {', '.join(DEFAULT_PRICES)}")
-    require(all(n >= 1 for n in devices), f"--devices: must be integers >= 1, got {devices}")
     if record is None:
         # The newest study that profiled its baseline (the advisor needs the profile), else the newest at all.
         found = sorted(Path("results").glob("*/records.jsonl"),
@@ -162,10 +162,13 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
             f"{' of ' + model if model else ''} in {str(record)!r}")
     rec, cpu = matches[0], get_path(matches[0], "hardware.accelerator") == "cpu"
     if budget_gib is not None:
-        require(budget_gib > 0, f"--budget_gib: must be > 0, got {budget_gib}")
-        profile = rec if "profile" in rec else _study_profile(Path(record), get_path(rec, "techniques.model_name"))
-        require(profile is not None, f"--record: run {rec.get('run_id')} has no profile and there is no profile.json"
-                " of its model beside the records; run the study (it profiles the baseline) first")
+        profile = rec
+        if "profile" not in rec:  # the study's profile.json beside the records, if it is of this record's model
+            with suppress(OSError, ValueError):
+                profile = json.loads(Path(record).with_name("profile.json").read_text(encoding="utf-8"))
+        same = get_path(profile, "techniques.model_name") == get_path(rec, "techniques.model_name")
+        require("profile" in profile and same, f"--record: run {rec.get('run_id')} has no profile and there is no "
+                "profile.json of its model beside the records; run the study (it profiles the baseline) first")
         print(advise(profile, rec.get("config", {}), batch or int(profile["profile"]["batch_size"]),
                      budget_gib * 1024, ok, " of tensor memory (CPU: tensor bytes, not process RSS)" if cpu else ""))
         return
@@ -179,11 +182,3 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
     priced = not cpu or gpu_step_time_ms is not None or price_cpu_step_time
     print(markdown_tables(spec, devices, a, epochs, dataset_size, priced=priced))
 
-
-def _study_profile(records_path: Path, model: str | None) -> dict | None:
-    """The study's ``profile.json`` beside ``records_path`` (one profiled baseline step), if it is of ``model``."""
-    try:
-        saved = json.loads(records_path.with_name("profile.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return saved if get_path(saved, "techniques.model_name") == model and "profile" in saved else None

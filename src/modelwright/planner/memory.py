@@ -65,35 +65,28 @@ def param_state_bytes(precision: str, optimizer: str) -> ParamStateBytes:
 
 
 def state_bytes_per_rank(num_params: float, state: ParamStateBytes, strategy: str, devices: int) -> dict[str, float]:
-    """Bytes of weights, gradients and optimizer state one rank holds (Rajbhandari et al. 2020, Figure 1).
-
-    DP ``(w+g+k)Ψ`` · ZeRO-1 ``wΨ + gΨ + kΨ/N`` · ZeRO-2 ``wΨ + (g+k)Ψ/N`` · ZeRO-3/FSDP ``(w+g+k)Ψ/N``; TP and PP
-    (pure, degree N) divide all three by N, assuming an even split.
-    """
-    require(int(devices) == devices and devices >= 1, f"devices: must be an integer >= 1, got {devices!r}")
-    n = int(devices)
+    """Bytes of weights, gradients and optimizer state one rank holds (Rajbhandari et al. 2020, Figure 1): DP
+    ``(w+g+k)Ψ`` · ZeRO-1 ``wΨ + gΨ + kΨ/N`` · ZeRO-2 ``wΨ + (g+k)Ψ/N`` · ZeRO-3/FSDP ``(w+g+k)Ψ/N``; TP and PP
+    (pure, degree N) divide all three by N, assuming an even split."""
+    n = devices
     shard = {"dp": (1, 1, 1), "zero1": (1, 1, n), "zero2": (1, n, n)}.get(normalize("strategy", strategy), (n, n, n))
     return {"parameters": state.weights * num_params / shard[0], "gradients": state.gradients * num_params / shard[1],
             "optimizer_state": state.optimizer * num_params / shard[2]}
 
 
 def _cfg(config: Mapping, key: str, default: object = None) -> object:
-    """``key`` of a config given nested or with dotted keys (a dotted key wins, so overrides can be merged in)."""
+    """``key`` of a nested or dotted config (a dotted key wins, so overrides can be merged in)."""
     value = config.get(key, get_path(config, key, None))
     return default if value is None else value
 
 
 def predict_peak_mib(profile_record: Mapping, config: Mapping) -> dict[str, float]:
     """The peak tensor memory (MiB by category, and ``total``) of one rank's step under ``config`` (nested or dotted
-    keys), predicted from a baseline profile alone: a record with a ``profile`` of one fp32 step without
-    checkpointing (:func:`modelwright.measure.profile.profile_step`), or the profile itself.
-
-    The backward pass is replayed: at each module's backward peak the live memory is parameters + optimizer state +
-    the gradients made so far + the saved tensors not yet released + the temporaries measured there, each rescaled
-    for the batch, precision, accumulation, strategy and devices, optimizer and its implementation, and
-    checkpointing. DDP's gradient buckets (4 B × parameters unless ``gradient_as_bucket_view``) are
-    ``comm_buffers``; FSDP2's gathered blocks (the one running and the one prefetched) are in ``parameters``.
-    """
+    keys), from a record with a ``profile`` of one fp32 step (:func:`modelwright.measure.profile.profile_step`), or
+    the profile itself. The backward pass is replayed: at each module's backward peak the live memory is parameters
+    + optimizer state + the gradients made so far + the saved tensors not yet released + the temporaries measured
+    there, each rescaled for batch, precision, accumulation, strategy, devices, optimizer and checkpointing. DDP's
+    gradient buckets are ``comm_buffers``; FSDP2's gathered blocks (running and prefetched) are in ``parameters``."""
     prof = profile_record.get("profile", profile_record)
     require(isinstance(prof, Mapping) and "units" in prof, "profile_record: has no 'profile' (profile a baseline step)")
     precision = normalize("precision", _cfg(config, "trainer.precision", "32-true"))

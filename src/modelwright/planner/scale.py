@@ -10,7 +10,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from modelwright.errors import require
 from modelwright.planner.memory import MIB, STRATEGIES, normalize, param_state_bytes, state_bytes_per_rank
 from modelwright.record import get_path
 from modelwright.report.fmt import count, duration, sig, table, usd
@@ -20,9 +19,7 @@ STRATEGY_LABELS = {"dp": "DP (DDP)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp
 _LISTINGS = "third-party GPU cloud listings (2026-05)"
 #: USD per device-hour, (low, high, dated source): prices move.
 DEFAULT_PRICES = {"A100 80GB": (1.10, 3.00, _LISTINGS), "H100 SXM": (2.50, 5.00, _LISTINGS),
-                  "H200": (3.50, 7.00, _LISTINGS), "H100 (AWS p5.48xlarge on demand, per GPU)":
-                  (98.32 / 8, 98.32 / 8, "AWS p5.48xlarge (8×H100) on demand $98.32/h (2026-05)")}
-DEFAULT_DEVICE = "H100 SXM"
+                  "H200": (3.50, 7.00, _LISTINGS)}
 _NDR = "one 400 Gb/s NDR InfiniBand port per GPU (DGX H100)"
 #: Per-GPU link rates in GB/s, one direction: (NVLink/NVSwitch inside a node, InfiniBand between nodes, source).
 FABRICS = {
@@ -42,7 +39,7 @@ class Assumptions:
     fabric, the low end of its price listing, and 4 × stages pipeline micro-batches; ``overlap_fraction`` is the
     share of the backward pass communication can hide behind."""
 
-    device: str = DEFAULT_DEVICE
+    device: str = "H100 SXM"
     gpus_per_node: int = 8
     intra_node_gb_per_s: float | None = None
     inter_node_gb_per_s: float | None = None
@@ -53,17 +50,12 @@ class Assumptions:
 
     def bandwidth(self, devices: int) -> float:
         """Bus bandwidth (GB/s) of a collective over ``devices`` ranks: NVLink inside a node, else InfiniBand."""
-        intra, inter, _ = FABRICS.get(self.device, FABRICS[DEFAULT_DEVICE])
-        if devices <= self.gpus_per_node:
-            return self.intra_node_gb_per_s or intra
-        return self.inter_node_gb_per_s or inter
+        intra, inter, _ = FABRICS[self.device]
+        return (self.intra_node_gb_per_s or intra) if devices <= self.gpus_per_node else (
+            self.inter_node_gb_per_s or inter)
 
     def microbatches(self, stages: int) -> int:
         return self.pp_microbatches or 4 * stages
-
-    @property
-    def price(self) -> float:
-        return self.usd_per_device_hour or DEFAULT_PRICES[self.device][0]
 
 
 @dataclass(frozen=True)
@@ -89,8 +81,6 @@ class JobSpec:
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", normalize("precision", self.precision))
         object.__setattr__(self, "optimizer", normalize("optimizer", self.optimizer))
-        require(min(self.num_params, self.micro_batch_size, self.accumulate_grad_batches) >= 1 and min(
-            self.activation_bytes_per_sample, self.temporaries_bytes, self.step_time_ms) >= 0, f"job: {self}")
 
     @property
     def state(self):
@@ -99,13 +89,12 @@ class JobSpec:
 
 def spec_from_record(record: Mapping) -> JobSpec:
     """A :class:`JobSpec` from a single-device run record, its step time labelled as measured in that run; a
-    KeyError names the dotted path of a required key that is missing."""
+    KeyError names a missing required key."""
     need = ("techniques.micro_batch_size", "techniques.optimizer", "techniques.precision", "memory.model_parameters",
             "memory.anatomy_mib.activations", "timing.step_time_median_ms")
-    got = [get_path(record, k) for k in need]
-    if None in got:
-        raise KeyError(f"record is missing {need[got.index(None)]!r}")
-    micro, optimizer, precision, params, activations, step_ms = got
+    if missing := [k for k in need if get_path(record, k) is None]:
+        raise KeyError(f"record is missing {missing[0]!r}")
+    micro, optimizer, precision, params, activations, step_ms = (get_path(record, k) for k in need)
     if optimizer == "sgd" and get_path(record, "config.model.momentum") in (0, 0.0):
         optimizer = "sgd-nomomentum"
     prof, shape = record.get("profile"), {}
@@ -124,7 +113,7 @@ def spec_from_record(record: Mapping) -> JobSpec:
 
 
 def pipeline_bubble_fraction(stages: int, microbatches: int, interleave: int = 1) -> float:
-    """Idle time of a pipeline relative to its ideal compute: ``(p-1)/(v·m)``; its share of the total is b/(1+b)."""
+    """Idle time of a pipeline relative to its ideal compute: ``(p-1)/(v·m)``."""
     return (stages - 1) / (interleave * microbatches)
 
 
@@ -166,7 +155,7 @@ def comm_bytes_per_step(spec: JobSpec, strategy: str, devices: int, assumptions:
 
 @dataclass(frozen=True)
 class StepPrediction:
-    """One (strategy, devices) pair; times per optimizer step. ``unsplittable`` says why it cannot be built."""
+    """One (strategy, devices) pair; times per optimizer step; ``unsplittable``: why it cannot be built."""
 
     strategy: str
     devices: int
@@ -195,13 +184,10 @@ def predict_memory_mib(spec: JobSpec, strategy: str, devices: int, assumptions: 
 
 
 def predict_step(spec: JobSpec, strategy: str, devices: int, assumptions: Assumptions | None = None) -> StepPrediction:
-    """Memory, communication, step time and throughput for ``strategy`` at ``devices`` ranks.
-
-    DP/ZeRO: compute = the measured step, samples = N × batch; TP: compute / N; PP: m micro-batches through N stages,
-    compute ``m·t_micro/N·(1+bubble)``. Communication hides behind ``overlap_fraction`` of the backward pass.
-    """
+    """Memory, communication, step time and throughput for ``strategy`` at ``devices`` ranks. DP/ZeRO: compute = the
+    measured step, samples = N × batch; TP: compute / N; PP: m micro-batches through N stages, compute
+    ``m·t_micro/N·(1+bubble)``. Communication hides behind ``overlap_fraction`` of the backward pass."""
     a, s, n = assumptions or Assumptions(), normalize("strategy", strategy), int(devices)
-    memory = predict_memory_mib(spec, s, n, a)  # first: it checks ``devices``
     comm = comm_bytes_per_step(spec, s, n, a)
     comm_s = comm / (a.bandwidth(n) * 1e9)
     per_rank, compute, bubble = spec.micro_batch_size * spec.accumulate_grad_batches, spec.step_time_ms / 1000, 0.0
@@ -213,7 +199,7 @@ def predict_step(spec: JobSpec, strategy: str, devices: int, assumptions: Assump
         bubble = pipeline_bubble_fraction(n, m)
         compute, samples = m * compute / spec.accumulate_grad_batches / n * (1 + bubble), m * spec.micro_batch_size
     hidden = a.overlap_fraction * BACKWARD_SHARE * compute if s not in ("tp", "pp") else 0.0
-    step = compute + max(0.0, comm_s - hidden)
+    step, memory = compute + max(0.0, comm_s - hidden), predict_memory_mib(spec, s, n, a)
     return StepPrediction(s, n, memory, comm, comm_s, bubble / (1 + bubble), step, samples,
                           samples / step if step > 0 else math.inf, memory["total"] <= a.device_memory_gib * 1024,
                           cannot_split(spec, s, n, a))
@@ -221,14 +207,12 @@ def predict_step(spec: JobSpec, strategy: str, devices: int, assumptions: Assump
 
 def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64), assumptions: Assumptions | None = None,
                     epochs: float = 100, dataset_size: int = 50_000, priced: bool = True) -> str:
-    """The scaling tables: per-rank memory, communication, step time and cost, largest model that fits.
-
-    Every estimate says so; a strategy that cannot split this model says why instead of a number. ``priced=False``
-    leaves cost out (a CPU step time must not be priced at GPU rates).
-    """
+    """The scaling tables: per-rank memory, communication, step time and cost, largest model that fits. A strategy
+    that cannot split this model says why; ``priced=False`` leaves cost out (a CPU step is not priced at GPU rates)."""
     a, st, est = assumptions or Assumptions(), spec.state, " (est.)"
     low, high, source = DEFAULT_PRICES[a.device]
-    price = (f"${a.price:.2f}/device-hour given" if a.usd_per_device_hour else
+    price_per_hour = a.usd_per_device_hour or low
+    price = (f"${price_per_hour:.2f}/device-hour given" if a.usd_per_device_hour else
              f"{a.device} ${low:.2f}–{high:.2f}/h, low end; {source}")
     rows_mem, rows_time = [], []
     for s, n in ((s, n) for s in STRATEGIES for n in devices):
@@ -243,10 +227,9 @@ def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64), assumpti
         rows_time.append([STRATEGY_LABELS[s], n, sig(p.comm_bytes / MIB), duration(p.comm_s) + est,
                           f"{sig(100 * p.bubble_share, 2)}%" if s == "pp" else "–", duration(p.step_s) + est,
                           sig(p.samples_per_s) + est, duration(hours * 3600) + est,
-                          usd(n * hours * a.price) + est if priced else "not priced"])
+                          usd(n * hours * price_per_hour) + est if priced else "not priced"])
 
-    def max_params(s: str, n: int) -> int:
-        """The largest parameter count whose per-rank memory fits, activations held at the measured values."""
+    def max_params(s: str, n: int) -> int:  # activations held at the measured values
         held = predict_memory_mib(spec, s, n, a)
         room = (a.device_memory_gib * 1024 - held["activations"] - held["temporaries"]) * MIB
         return max(0, int(room // sum(state_bytes_per_rank(1, st, s, n).values())))
@@ -257,7 +240,7 @@ def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64), assumpti
         f"- measured: per-rank batch {spec.micro_batch_size} × {spec.accumulate_grad_batches}; activations "
         f"{sig(spec.activation_bytes_per_sample / MIB)} MiB/sample; step {sig(spec.step_time_ms)} ms "
         f"({spec.step_time_source or 'assumed'})",
-        f"- assumed: network: {FABRICS.get(a.device, FABRICS[DEFAULT_DEVICE])[2]}; {a.gpus_per_node} per node",
+        f"- assumed: network: {FABRICS[a.device][2]}; {a.gpus_per_node} per node",
         f"- assumed: overlap: {a.overlap_fraction:.0%} of backward; {OVERLAP_SOURCE}", f"- assumed: price: {price}",
         "- estimates: every time, throughput and cost below is an estimate from the figures above",
         "", "### Per-device memory (MiB)", "",

@@ -1,6 +1,5 @@
 """The study's report: records → ``table.md``, ``summary.json`` and plots per results folder, and the generated
-sections of README.md and docs/*.md (:mod:`.readme` is the one writer into documents). The same records always give
-the same text.
+sections of README.md and docs/*.md (:mod:`.readme`). The same records always give the same text.
 
 To run: ``uv run python -m modelwright report`` (every ``results/<hardware>/``; the study runs it at its end).
 """
@@ -21,12 +20,11 @@ from modelwright.report.readme import Study, update
 __all__ = ["PLOTS", "generate", "render_table_md", "report", "summary"]
 
 NOTES = (
-    "Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyTorch's memory tracker over one step "
-    "(compiled code on a CPU is not measured: the tracker sees eager code). Step ms: the median over repeats of each "
-    "repeat's median optimizer step; the spread is the min–max of those repeat medians. A row is called faster or "
-    "slower only when its ratio leaves the baseline's own repeat spread. Train loss: the mean over the last logged "
-    "steps, shown only where a run has seen as many samples as the baseline. An artifact in the anatomy: "
-    "activations still held after the step (data the tracker counted)."
+    "Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyTorch's memory tracker over one step (it "
+    "sees eager code only: compiled runs are not measured). Step ms: the median over repeats of each repeat's median "
+    "optimizer step; a row is faster or slower only when its ratio leaves the baseline's min–max of those medians. "
+    "Train loss: the mean of the last logged steps, shown where a run has seen as many samples as the baseline. An "
+    "artifact in the anatomy: activations still held after the step."
 )
 
 
@@ -58,8 +56,7 @@ def summary(study: Study) -> dict:
 
 def generate(results_dir: str | Path, readme: str | Path | None = None, plots: bool = True,
              allow_mixed: bool = False) -> list[Path]:
-    """Write ``table.md``, ``summary.json`` and the plots into ``results_dir``, fill ``readme``'s sections if given;
-    returns the paths written."""
+    """Write ``table.md``, ``summary.json`` and the plots into ``results_dir``, and ``readme``'s sections if given."""
     study = Study(Path(results_dir), allow_mixed)
     table_md = write_text_atomic(study.folder / "table.md", render_table_md(study))
     pngs = plot_all(study.rows, study.budget, study.folder, study.slug) if plots else []
@@ -78,8 +75,6 @@ def report(results: Path | None = None, readme: Path = Path("README.md"), docs: 
         docs: also fill the marked sections of ``docs/*.md`` beside the README.
         plots: write the PNG plots.
         allow_mixed: put records of different commits or definitions in one table, marked, instead of refusing.
-
-    Returns 0; a user error raises ConfigError (one line, exit status 2).
     """
     results = Path(results) if results is not None else REPO_ROOT / "results"
     folders = sorted(p for p in results.glob("*") if (p / "records.jsonl").is_file())

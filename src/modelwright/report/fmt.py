@@ -1,7 +1,5 @@
 """The one set of formatters for every table and line the project prints: numbers, durations, markdown tables.
-
-Every figure prints with 2–3 significant digits at most: the machines that produce them are not more precise.
-``None``, bools and non-finite values print as an en dash.
+Figures get 2–3 significant digits (the machines are not more precise); ``None``, bools and non-finite values a dash.
 """
 
 from __future__ import annotations

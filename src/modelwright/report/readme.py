@@ -1,8 +1,7 @@
 """The one writer of generated text in README.md and docs/*.md: the text between ``<!-- name:start -->`` and
-``<!-- name:end -->`` is replaced by what :class:`Sections` renders for ``name``; everything else is left alone.
-
-Block sections (the marker on a line of its own) hold tables and plots; inline ones (``<!-- v:slug:run:field:start
--->0.56×<!-- ...:end -->``) put one figure of a record into a hand-written sentence (fields: :meth:`Sections.value`).
+``<!-- name:end -->`` becomes what :class:`Sections` renders for ``name``; the rest, and sections of names it does not
+know, are left alone. Block sections (the marker on a line of its own) hold tables and plots; inline ones (``<!--
+v:slug:run:field:start -->0.56×<!-- ...:end -->``) put one figure of a record into a hand-written sentence.
 """
 
 from __future__ import annotations
@@ -21,13 +20,10 @@ from modelwright.report.fmt import DASH, duration, finite, pct, ratio, sig, tabl
 from modelwright.report.plots import PLOTS
 
 MARKER = re.compile(r"<!-- ([\w.:/-]+):start -->(.*?)<!-- \1:end -->", re.S)
-FINDINGS = ("amp", "accumulate", "checkpointing-stage", "checkpointing-block", "all", "compile", "fused",
-            "contiguous", "channels_last", "system-malloc", "ddp", "fsdp2")
 
 
 def write_sections(path: Path, render: Callable[[str], str | None]) -> bool:
-    """Rewrite every marked section of ``path`` whose name ``render`` knows; True if the text changed.
-    A file without markers is a ConfigError (one line naming the file)."""
+    """Rewrite every marked section of ``path`` whose name ``render`` knows; True if the text changed."""
     text = path.read_text(encoding="utf-8")
     require(MARKER.search(text) is not None, f"{path}: no <!-- name:start --> ... <!-- name:end --> markers to fill")
 
@@ -54,15 +50,18 @@ def _json(path: Path) -> dict | None:
 class Study:
     """One ``results/<slug>/`` folder: its records, rows, budget rows, provenance marks and the runs' wall time."""
 
-    def __init__(self, folder: Path, allow_mixed: bool = False):
-        path, self.folder, self.slug = folder / "records.jsonl", folder, folder.name
+    def __init__(self, folder: Path, allow_mixed: bool = False, slug: str | None = None):
+        path, self.folder, self.slug = folder / "records.jsonl", folder, slug or folder.name
         require(path.is_file(), f"{folder}: no records.jsonl (run `python -m modelwright study` first)")
-        self.records = read_records(path)
-        require(bool(t.study_records(self.records)), f"{path}: no study records (records with a 'study' section)")
-        self.rows = t.build_rows(self.records)
-        self.budget = t.build_budget_rows(self.records, self.rows)
+        records = read_records(path)
+        self.rows = t.build_rows(records)
+        self.budget = t.build_budget_rows(records, self.rows)
         used = [r for row in self.rows for r in row.records] + [r for b in self.budget for r in b.records]
-        self.marks = t.check_provenance(used, str(path), allow_mixed)
+        require(bool(used), f"{path}: no study records (records with a 'study' section)")
+        groups = list(dict.fromkeys(map(t.provenance_group, used)))
+        require(len(groups) < 2 or allow_mixed, f"{path}: records of {len(groups)} commits/definitions "
+                f"({'; '.join(groups)}); rerun them, or pass --allow_mixed true to mark them")
+        self.marks = {g: chr(ord("a") + i) for i, g in enumerate(groups)} if len(groups) > 1 else {}
         self.wall_s = sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in used)
 
     def row(self, name: str) -> t.Row | None:
@@ -70,16 +69,11 @@ class Study:
 
     def header(self) -> str:
         """Conditions, the commands behind every row, and the runs' total wall time."""
-        last = next((r for r in reversed(t.study_records(self.records)) if r.get("status") == "ok"), {})
+        last = next((r for row in reversed(self.rows) for r in reversed(row.records) if r.get("status") == "ok"), {})
         hw, ver, s = last.get("hardware") or {}, last.get("versions") or {}, last.get("study") or {}
         device = (f"{hw.get('cpu_model')}, {hw.get('cpu_cores')} cores" if hw.get("accelerator") == "cpu"
                   else f"{hw.get('num_devices') or 1}× {hw.get('device_name')}")
-        commands = list(dict.fromkeys(get_path(r, "provenance.command") for row in self.rows for r in row.records))
-        shown = [f"`{c}`" for c in commands if c]
-        if None in commands:
-            study_cmd = (_json(self.folder / "study.json") or {}).get("command")
-            shown.append("not recorded for records made before provenance"
-                         + (f" (last study invocation: `{study_cmd}`)" if study_cmd else ""))
+        commands = dict.fromkeys(f"`{get_path(r, 'provenance.command')}`" for row in self.rows for r in row.records)
         steps: dict[Any, list[str]] = {}
         for row in self.rows:
             steps.setdefault(get_path(row.records[-1], "study.measured_steps"), []).append(row.name)
@@ -90,7 +84,7 @@ class Study:
                           f"lightning {ver.get('lightning')}, python {ver.get('python')}",
                           f"- Window: {s.get('warmup_steps')} warm-up, {usual} measured steps per run{others}, up to "
                           f"{repeats} repeat(s) per row; plan `{s.get('plan')}`",
-                          f"- Command(s): {'; '.join(shown)}; total wall time of the runs: {duration(self.wall_s)}",
+                          f"- Command(s): {'; '.join(commands)}; total wall time of the runs: {duration(self.wall_s)}",
                           *(f"- [{m}] {g}" for g, m in self.marks.items())])
 
 
@@ -99,8 +93,12 @@ class Sections:
 
     def __init__(self, results: Path, doc_dir: Path, allow_mixed: bool = False):
         self.root, self.doc_dir = results, doc_dir
-        studies = (Study(f, allow_mixed) for f in sorted(results.iterdir()) if (f / "records.jsonl").is_file())
+        # A folder inside a study's folder (a check of a few runs beside it) gives figures and predictions, not a
+        # results section of its own: its slug is its path, e.g. cpu-amd-epyc-avx2-2cores/bf16-check.
+        folders = sorted(f.parent for f in [*results.glob("*/records.jsonl"), *results.glob("*/*/records.jsonl")])
+        studies = (Study(f, allow_mixed, f.relative_to(results).as_posix()) for f in folders)
         self.studies = [s for s in studies if s.rows]
+        self.top = [s for s in self.studies if "/" not in s.slug]
 
     def rel(self, path: Path) -> str:
         return Path(os.path.relpath(path, self.doc_dir)).as_posix()
@@ -108,10 +106,10 @@ class Sections:
     def __call__(self, name: str) -> str | None:
         """The text of section ``name``; None for a name this writer does not know (its text is left alone)."""
         if name.startswith("v:"):
+            require(name.count(":") == 3, f"<!-- {name}:start -->: an inline figure is v:<slug>:<run>:<field>")
             return self.value(*name.split(":")[1:])
         rows = {s.slug: s.rows for s in self.studies}
-        render = {"findings": lambda: t.findings_table(rows, FINDINGS), "kernels": lambda: t.kernel_table(rows),
-                  "predictions": lambda: t.prediction_table(rows) or "No run of a study was predicted yet.",
+        render = {"predictions": lambda: t.prediction_table(rows) or "No run of a study was predicted yet.",
                   "results": self.results, "scaleout": self.scaleout, "attention": self.attention,
                   "mainjob": lambda: self.benchmark("main-job", main_job_text, "main_job.json"),
                   "overhead": lambda: self.benchmark("overhead", overhead_text, "callback_overhead.json",
@@ -120,15 +118,13 @@ class Sections:
         return render[name]() if name in render else None
 
     def value(self, slug: str, run: str, field: str) -> str:
-        """One figure of run ``run`` in ``results/<slug>/``, a dash without it. Fields: peak, memory, step, time,
-        band, verdict, mfu, activations, state (parameters + gradients + optimizer state, MiB), share (activations ÷
-        peak), batch (largest batch under the budget), peak_gflops, achieved_gflops, gflop_step."""
+        """One figure (a key of ``values``) of run ``run`` in ``results/<slug>/``; a dash without that run."""
         study = next((s for s in self.studies if s.slug == slug), None)
         row = study.row(run) if study else None
         if row is None:
             return DASH
         a, peak = row.v["anatomy"], row.v["peak_mib"]
-        gflops = {f: sig(t.div(finite(get_path(row.records[0], f"flops.{key}")) or None, 1e9)) for f, key in
+        gflops = {f: sig(t.div(finite(get_path(row.records[0], f"flops.{key}")), 1e9)) for f, key in
                   (("peak_gflops", "peak_flops_per_s"), ("gflop_step", "flops_per_step"),
                    ("achieved_gflops", "achieved_flops_per_s"))}
         values = {
@@ -144,7 +140,7 @@ class Sections:
 
     def results(self) -> str:
         parts = []
-        for s in self.studies:
+        for s in self.top:
             hw = next((r.records[0].get("hardware") or {} for r in s.rows if r.ok), {})
             kind = "CPU results" if hw.get("accelerator") == "cpu" else "GPU results"
             parts += [f"### {kind}: {hw.get('device_name')} (`{s.slug}`)", "", s.header(), "",
@@ -158,13 +154,13 @@ class Sections:
         return "\n".join(parts) if parts else "No study results yet: run `uv run python -m modelwright study`."
 
     def scaleout(self) -> str:
-        s = next((s for s in self.studies if s.row("amp")), None)
-        out = t.scaleout_table(s.row("amp").records[0]) if s else None
-        return out or "Not generated: the planner's interface for it is not available."
+        s = next((s for s in self.top if s.row("baseline")), None)
+        out = t.scaleout_table(s.row("baseline").records[0]) if s else None
+        return out or "Not generated: no `baseline` run recorded with what the planner needs."
 
     def attention(self) -> str:
         parts = []
-        for s in self.studies:
+        for s in self.top:
             if text := t.attention_table(_json(s.folder / "attention.json")):
                 parts += [f"`{s.slug}`:", "", text, ""]
                 if (s.folder / "attention.png").is_file():
@@ -225,10 +221,12 @@ def cpu_defaults_text(result: Mapping | None) -> str | None:
     body = [[g["group"], o["option"].split("=", 1)[1] + (" **(default)**" if o["default"] else ""),
              f"{sig(o['median_step_ms'])} ms", ratio(o["ratio_to_reference"]), pct(o.get("mfu")),
              sig(o.get("minor_faults_per_step"))] for g in result["groups"] for o in g["options"]]
-    return (f"`{result['command']}` ({result['settings']['rounds']} rounds; {_where(result)}; the MFU column "
-            f"divides by the best measured kernel, {sig(result['peak_flops_per_s'] / 1e9)} GFLOP/s):\n\n"
-            + table(["setting", "option", "median step", "vs first option", "% of kernel peak",
-                     "minor page faults per step"], body, "llrrrr"))
+    kernel = result.get("peak_flops_source") == "measured-matmul"  # a file made before MFU used the hardware peak
+    mfu, peak = ("% of kernel peak", "the best measured kernel") if kernel else ("MFU", "the fp32 peak")
+    return (f"`{result['command']}` ({result['settings']['rounds']} rounds; {_where(result)}; {mfu} of {peak}, "
+            f"{sig(result['peak_flops_per_s'] / 1e9)} GFLOP/s):\n\n"
+            + table(["setting", "option", "median step", "vs first option", mfu, "minor page faults per step"], body,
+                    "llrrrr"))
 
 
 def update(docs: list[Path], results: Path, allow_mixed: bool = False) -> list[Path]:

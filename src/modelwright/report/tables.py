@@ -1,10 +1,9 @@
 """Rows from study records, and the markdown tables built from them.
 
-Which records count: only records a study wrote (they carry a ``study`` section); per plan entry, those of its
-latest resolved config (``study.config_hash``), so a changed plan replaces a row instead of mixing old and new
-measurements; the ``ok`` ones make the row (medians over repeats), an entry with none shows its last failure.
-Ratios are to the model's run named ``baseline`` (or ``*-baseline``), else its first run. A step-time ratio is
-called faster or slower only when it leaves the reference's own repeat-to-repeat spread.
+Per plan entry only the records of its latest resolved config (``study.config_hash``) count, so a changed plan
+replaces a row instead of mixing old and new measurements; their ``ok`` ones make the row (medians over repeats), an
+entry with none shows its last failure. Ratios are to the model's run named ``baseline`` (or ``*-baseline``), else
+its first run.
 """
 
 from __future__ import annotations
@@ -17,13 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from modelwright.errors import require
 from modelwright.record import get_path
 from modelwright.report.fmt import DASH, finite, pct, ratio, sig, table
 
 ANATOMY = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
-#: Provenance definitions from which MFU divides by the hardware peak (before: the best measured kernel).
-HARDWARE_PEAK_DEFINITIONS = 2
 #: Training-loss points averaged for the quality column (compared only at equal samples seen).
 LOSS_STEPS = 3
 #: airbench's "standard ResNet-18" baseline on one A100 (Keller Jordan, airbench README, 2024): 32.3 PFLOP in
@@ -41,32 +37,17 @@ def div(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def study_records(records: Sequence[dict]) -> list[dict]:
-    return [r for r in records if isinstance(r.get("study"), Mapping) and isinstance(r["study"].get("name"), str)]
-
-
 def provenance_group(record: Mapping) -> str:
-    """Records of one commit and one definitions version share a group; records without provenance form one."""
+    """Records of one commit and one definitions version share a group (and a mark where a table mixes groups)."""
     p = record.get("provenance") or {}
-    if not p.get("commit") and p.get("definitions") is None:
-        return "no provenance (made before records carried a commit)"
-    return f"commit {str(p.get('commit') or '?')[:10]}, definitions {p.get('definitions')}"
-
-
-def check_provenance(records: Sequence[dict], where: str, allow_mixed: bool = False) -> dict[str, str]:
-    """Marks (``a``, ``b``, ...) per group when the records span several, else ``{}``; refuses that unless allowed."""
-    groups = list(dict.fromkeys(provenance_group(r) for r in records))
-    require(len(groups) < 2 or allow_mixed, f"{where}: records of {len(groups)} commits/definitions "
-            f"({'; '.join(groups)}); rerun them, or pass --allow_mixed true to mark them")
-    return {g: chr(ord("a") + i) for i, g in enumerate(groups)} if len(groups) > 1 else {}
+    return f"commit {str(p.get('commit'))[:10]}, definitions {p.get('definitions')}"
 
 
 def peak_mib(record: Mapping) -> float | None:
-    """The measured peak (CUDA allocator, else the anatomy total); None where the tracker saw eager code only."""
+    """The measured peak; None where the memory tracker saw eager code only (a compiled run on a CPU)."""
     if get_path(record, "techniques.compile") and get_path(record, "hardware.accelerator") == "cpu":
         return None  # MemTracker is a TorchDispatchMode: under it Dynamo falls back to eager
-    peak = finite(get_path(record, "memory.peak_allocated_mib"))
-    return peak if peak is not None else finite(get_path(record, "memory.anatomy_mib.total"))
+    return finite(get_path(record, "memory.peak_allocated_mib"))
 
 
 def last_loss(record: Mapping) -> tuple[float | None, int | None]:
@@ -138,16 +119,15 @@ def _values(ok: list[dict]) -> dict[str, Any]:
             "end_activations": max(finite(get_path(r, "memory.anatomy_end_mib.activations")) or 0 for r in ok),
             "step_ms": median(steps), "step_lo": min(steps, default=None), "step_hi": max(steps, default=None),
             "repeats": len(steps), "samples_per_s": med("timing.samples_per_s"), "mfu": med("flops.mfu"),
-            "loss": median([x[0] for x in losses]), "loss_samples": losses[0][1],
-            "hardware_peak": all((get_path(r, "provenance.definitions") or 0) >= HARDWARE_PEAK_DEFINITIONS for r in ok)}
+            "loss": median([x[0] for x in losses]), "loss_samples": losses[0][1]}
 
 
 def _by_name(records: Sequence[dict], kind: str) -> dict[str, list[dict]]:
-    """The study records of ``kind`` (``run`` or ``budget``) per plan entry, in the order they were written."""
+    """The records a study wrote of ``kind`` (``run`` or ``budget``) per plan entry, in the order they were written."""
     out: dict[str, list[dict]] = {}
-    for r in study_records(records):
-        if r["study"].get("kind", "run") == kind:
-            out.setdefault(r["study"]["name"], []).append(r)
+    for r in records:
+        if isinstance(s := r.get("study"), Mapping) and isinstance(s.get("name"), str) and s.get("kind") == kind:
+            out.setdefault(s["name"], []).append(r)
     return out
 
 
@@ -185,8 +165,8 @@ def setup_text(record: Mapping) -> str:
 
 
 def main_table(rows: Sequence[Row], marks: Mapping[str, str] | None = None) -> str:
-    ok, body = [r for r in rows if r.ok], []
-    for r in ok:
+    body = []
+    for r in (r for r in rows if r.ok):
         ref_samples = r.reference.v["loss_samples"] if r.reference else None
         loss = r.v["loss"] if r.v["loss_samples"] is not None and r.v["loss_samples"] == ref_samples else None
         peak = "not measured" if r.v["peak_mib"] is None and r.v["anatomy"]["parameters"] else sig(r.v["peak_mib"])
@@ -196,9 +176,8 @@ def main_table(rows: Sequence[Row], marks: Mapping[str, str] | None = None) -> s
         body.append([r.name + (f" [{','.join(letters)}]" if letters else ""), setup_text(r.records[0]), peak,
                      ratio(r.vs("peak_mib")), sig(r.v["step_ms"]), spread, ratio(r.vs("step_ms")), r.verdict,
                      sig(r.v["samples_per_s"]), pct(r.v["mfu"]), sig(loss)])
-    mfu = "MFU" if all(r.v["hardware_peak"] for r in ok) else "% of best measured kernel (not MFU)"
     header = ["run", "setup", "peak MiB", "memory vs base", "step ms (median of repeats)",
-              "repeat medians min–max (n)", "time vs base", "verdict", "samples/s", mfu,
+              "repeat medians min–max (n)", "time vs base", "verdict", "samples/s", "MFU",
               f"train loss, last {LOSS_STEPS} steps"]
     return table(header, body, "llrrrrrlrrr")
 
@@ -215,10 +194,6 @@ def anatomy_table(rows: Sequence[Row]) -> str:
 class BudgetRow:
     name: str
     budget_mib: float
-    from_batch: Any
-    probe: bool
-    per_sample_mib: float | None
-    fixed_mib: float | None
     batch: int | None
     predicted_mib: float | None
     measured_mib: float | None
@@ -236,32 +211,28 @@ class BudgetRow:
 
 
 def build_budget_rows(records: Sequence[dict], rows: Sequence[Row]) -> list[BudgetRow]:
-    """Per budget run, its latest series of attempts (a probe, attempt 0, then attempts from 1) and where it ended."""
+    """Per budget run, its latest series of attempts (from attempt 1) and where it ended, in plan order."""
     out = []
     for name, recs in _by_name(records, "budget").items():
         over = [r for r in recs if r["study"].get("role") == "over"]
-        recs = [r for r in recs if r["study"].get("role") != "over"]
-        firsts = [i for i, r in enumerate(recs) if r["study"].get("attempt", 1) == 1]
-        if not firsts:
+        confirm = [r for r in recs if r["study"].get("role") != "over"]
+        starts = [i for i, r in enumerate(confirm) if r["study"].get("attempt") == 1]
+        if not starts:
             continue
-        probe = firsts[-1] > 0 and recs[firsts[-1] - 1]["study"].get("attempt") == 0
-        series = recs[firsts[-1] - probe:]
+        series = confirm[starts[-1]:]
         s, last = series[-1]["study"], series[-1]
-        b = BudgetRow(
-            name, float(s.get("budget_mib") or 0), s.get("from_batch"), probe, finite(s.get("per_sample_mib")),
-            finite(s.get("fixed_mib")), s.get("predicted_batch"), finite(s.get("predicted_peak_mib")),
-            peak_mib(last) if last.get("status") == "ok" else None, str(last.get("status")),
-            len(series) - probe, sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in series), series)
+        b = BudgetRow(name, float(s["budget_mib"]), s.get("predicted_batch"), finite(s.get("predicted_peak_mib")),
+                      peak_mib(last) if last.get("status") == "ok" else None, str(last.get("status")), len(series),
+                      sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in series), series)
         if over and over[-1]["study"].get("confirmed_batch") == b.batch:
             b.over_batch = get_path(over[-1], "techniques.micro_batch_size")
             b.over_mib = peak_mib(over[-1]) if over[-1].get("status") == "ok" else None
         out.append(b)
-    by_name = {r.name: r for r in rows}
-    out.sort(key=lambda b: by_name[b.name].index if b.name in by_name else 1 << 30)
+    out.sort(key=lambda b: b.records[-1]["study"].get("index", 0))
+    refs = {r.name: r.reference.name for r in rows if r.reference}
     fitted = {b.name: b.batch for b in out if b.fits}
     for b in out:
-        ref = by_name[b.name].reference if b.name in by_name else None
-        b.vs_reference = div(b.batch, fitted.get(ref.name) if ref else None) if b.fits else None
+        b.vs_reference = div(b.batch, fitted.get(refs.get(b.name))) if b.fits else None
     return out
 
 
@@ -270,18 +241,16 @@ def budget_table(budget: Sequence[BudgetRow]) -> str:
         exceeds = "yes" if b.over_mib is not None and b.over_mib > b.budget_mib else "no"
         return "not run" if b.over_batch is None else f"{exceeds}: batch {b.over_batch}, {sig(b.over_mib)} MiB"
 
-    body = [[b.name, "profiled step" if b.from_batch is None else f"batch {b.from_batch}" + " (probe)" * b.probe,
-             sig(b.per_sample_mib), sig(b.fixed_mib), DASH if b.batch is None else b.batch, sig(b.predicted_mib),
-             sig(b.measured_mib), "yes" if b.fits else ("no" if b.measured_mib is not None else b.status),
-             b.attempts, ratio(b.vs_reference), over(b)] for b in budget]
-    header = ["run", "predicted from", "MiB per sample", "fixed MiB", "largest batch", "predicted peak MiB",
-              "confirmed peak MiB", "under budget", "confirming runs", "batch vs base", "a few % more exceeds it"]
-    return table(header, body, "lrrrrrrcrrl")
+    body = [[b.name, DASH if b.batch is None else b.batch, sig(b.predicted_mib), sig(b.measured_mib),
+             "yes" if b.fits else ("no" if b.measured_mib is not None else b.status), b.attempts,
+             ratio(b.vs_reference), over(b)] for b in budget]
+    header = ["run", "largest batch", "predicted peak MiB", "confirmed peak MiB", "under budget", "confirming runs",
+              "batch vs base", "a few % more exceeds it"]
+    return table(header, body, "lrrrcrrl")
 
 
 def prediction_table(studies: Mapping[str, Sequence[Row]], tolerance: float = 0.05) -> str | None:
-    """Per run, the peak the planner predicted before it ran (from the baseline's profiled step) beside the median
-    measured peak; the runs recorded without a prediction are left out."""
+    """Per run recorded with a prediction, the peak the planner predicted before it ran beside the measured median."""
     body = []
     for slug, rows in studies.items():
         for r in (r for r in rows if r.ok and r.v["peak_mib"] is not None):
@@ -293,31 +262,6 @@ def prediction_table(studies: Mapping[str, Sequence[Row]], tolerance: float = 0.
     header = ["run", "machine", "predicted peak MiB", "measured peak MiB (median)", "error",
               f"within {pct(tolerance)}"]
     return table(header, body, "llrrrl") if body else None
-
-
-def findings_table(studies: Mapping[str, Sequence[Row]], names: Sequence[str]) -> str:
-    """One line per (technique, machine): memory and time against the machine's baseline, with the noise band."""
-    found = [(slug, r) for name in names for slug, rows in studies.items()
-             for r in rows if r.name == name and r.ok and r.reference is not None and r.reference is not r]
-    body = [[r.name, slug, ratio(r.vs("peak_mib")), ratio(r.vs("step_ms")),
-             DASH if r.reference.band is None else f"±{pct(r.reference.band)}", r.verdict] for slug, r in found]
-    return table(["run", "machine", "peak memory vs baseline", "step time vs baseline",
-                  "baseline repeat spread", "verdict"], body, "llrrrl")
-
-
-def kernel_table(studies: Mapping[str, Sequence[Row]], low: str = "amp") -> str:
-    """Per machine, the fp32 and bf16 rates its records hold: the peak each MFU divides by, and what training ran at."""
-    body = []
-    for slug, rows in studies.items():
-        base = next((r for r in rows if r.ok and r.reference is r), None)
-        amp = next((r for r in rows if r.ok and r.name == low), None)
-        if base and amp:
-            peak, run, peak16, run16 = (median([get_path(x, f"flops.{k}") for x in row.records])
-                                        for row in (base, amp) for k in ("peak_flops_per_s", "achieved_flops_per_s"))
-            body.append([slug, sig(div(peak, 1e9)), sig(div(peak16, 1e9)), ratio(div(peak16, peak)),
-                         sig(div(run, 1e9)), sig(div(run16, 1e9)), ratio(div(run16, run))])
-    return table(["machine", "fp32 peak GFLOP/s", "bf16 peak GFLOP/s", "bf16 ÷ fp32 peak",
-                  "fp32 training GFLOP/s", "bf16 training GFLOP/s", "bf16 ÷ fp32 training"], body, "lrrrrrr")
 
 
 def attention_table(result: Mapping | None) -> str | None:

@@ -2,12 +2,8 @@
 
 To run: ``uv run python -m modelwright study`` (the default plan, ``configs/study/plan_default.yaml``);
 ``--plan configs/study/plan_vit.yaml`` for another plan, ``--accelerator cuda`` on a GPU, ``--help`` for the rest.
-
-Each run is ``python main.py fit --config <experiment delta> --<key>=<value>...``, its config resolved beforehand by
-the same LightningCLI parser (:mod:`.plan`): ``warmup_steps`` unmeasured steps, one step whose tensor-memory anatomy
-is captured (not timed), then ``measured_steps`` timed steps; repeats round-robin. Records go to
-``results/<hardware slug>/records.jsonl`` (:mod:`.runner`); the largest batch under a memory budget is predicted and
-confirmed (:mod:`.budget`); then :mod:`modelwright.report` writes the table, the plots and the README section.
+Configs are resolved by LightningCLI's own parser (:mod:`.plan`), runs and records are :mod:`.runner`'s, the largest
+batch under a memory budget :mod:`.budget`'s; then :mod:`modelwright.report` writes the table, plots and README.
 """
 
 from __future__ import annotations
@@ -32,7 +28,6 @@ from modelwright.study import plan as p
 from modelwright.study.plan import patch_callbacks, resolve_config
 from modelwright.study.runner import DONE_STATUSES, Progress, Study, say, study_lock
 
-#: What other code imports from here: benchmarks read configs and name results folders; tests check statuses.
 __all__ = ["DONE_STATUSES", "hardware_slug", "patch_callbacks", "resolve_config", "study"]
 
 
@@ -57,6 +52,15 @@ def hardware_slug(accelerator: str = "auto") -> str:
     flags = set(cpuinfo().get("flags", "").split())
     isa = next((name for name in ("avx512", "avx2", "neon", "asimd") if name in flags or f"{name}f" in flags), None)
     return "-".join(filter(None, ["cpu", slugify(cpu_model()) or "unknown", isa, f"{os.cpu_count()}cores"]))
+
+
+def device_kinds(device: str) -> set[str]:
+    """This machine's :data:`.plan.DEVICE_KINDS`: ``cuda``, or ``cpu`` plus ``cpu-bf16`` on a CPU with bf16
+    instructions (elsewhere bf16 autocast is emulated: ~15× an fp32 step)."""
+    from modelwright.measure.facts import cpuinfo
+
+    flags = set(cpuinfo().get("flags", "").split()) if device == "cpu" else set()
+    return {device} | ({"cpu-bf16"} if flags & {"avx512_bf16", "amx_bf16"} else set())
 
 
 def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] | None = None, model: str | None = None,
@@ -91,7 +95,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
         rerun: run again even what is recorded.
         retry_failed: run again the runs recorded as failed or oom.
         run_timeout_s: stop a run (and record it as failed) after this long.
-        predict: profile one step of the first run (the baseline) and write every run's predicted peak before it.
+        predict: profile one step of the baseline and write every run's predicted peak before it (the budget needs it).
         dry_run: list the runs and their commands; run nothing.
     """
     given = {k: v for k, v in locals().items() if v != inspect.signature(study).parameters[k].default}
@@ -111,12 +115,15 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
     for name in only or []:
         require(name in names, f"only: {name!r} is not a run of {the_plan.path}; valid: {', '.join(names)}")
     entries = [e for e in the_plan.entries if not only or e.name in only]
-    runnable = [e for e in entries if not e.accelerators or device in e.accelerators]
+    kinds = device_kinds(device)
+    # A run named in --only runs anyway: the user asked for it (e.g. to check a bf16 prediction on such a CPU).
+    runnable = entries if only else [e for e in entries if not e.accelerators or kinds & set(e.accelerators)]
     # Round-robin: every run once, then again, so that a slow spell of the machine spreads over every row.
     specs = [p.build_spec(e, names.index(e.name), settings, r) for r in range(settings.repeats) for e in runnable]
     p.check_effective_batch(specs, runnable)
     budget_gib = budget_gib or the_plan.budget_gib
-    do_budget = bool(budget and budget_gib and the_plan.budget_runs)
+    names_here = {e.name for e in runnable}
+    do_budget = bool(budget and budget_gib and names_here & set(the_plan.budget_runs))
     results_dir, workdir = results.resolve() / slug, workdir.resolve() / slug
     runner = Study(the_plan, settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed, profile=predict,
                    run_timeout_s=run_timeout_s, cmd=cmd)
@@ -124,12 +131,14 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
     say(
         f"study {the_plan.path} on {slug}: {len(specs)} runs ({to_run} to run; {settings.repeats} repeats, "
         f"round-robin), {settings.warmup_steps} warm-up + 1 anatomy + {settings.measured_steps} measured steps each"
-        + (f"; budget {budget_gib:g} GiB for {', '.join(the_plan.budget_runs)}" if do_budget else "")
+        + (f"; budget {budget_gib:g} GiB for {', '.join(n for n in the_plan.budget_runs if n in names_here)}"
+           if do_budget else "")
         + f"\nresults: {p.rel(results_dir)}/"
     )
     elsewhere = [e for e in entries if e not in runnable]
     for e in elsewhere:
-        say(f"  {e.name}: not on {device} (runs on {', '.join(e.accelerators or [])})")
+        emulated = ": bf16 is emulated on this CPU" if device == "cpu" and "cpu-bf16" in e.accelerators else ""
+        say(f"  {e.name}: not on {device} (runs on {', '.join(e.accelerators)}{emulated})")
     if dry_run:
         for spec in specs:
             state = "recorded" if runner.recorded(spec) else "to run"
@@ -147,7 +156,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
             if do_budget:
                 from modelwright.study.budget import budget_phase
 
-                budget_phase(runner, specs, runnable, progress, budget_gib * 1024)
+                budget_phase(runner, runnable, progress, budget_gib * 1024)
             progress.close()
             wall_s = time.perf_counter() - t0
             summary = {

@@ -24,6 +24,8 @@ from modelwright.record import get_path, to_jsonable
 DEFAULT_PLAN = CONFIGS_DIR / "study" / "plan_default.yaml"
 PLAN_KEYS = {"model", "warmup_steps", "measured_steps", "repeats", "val_batches", "budget", "runs", "description"}
 ENTRY_KEYS = {"name", "config", "overrides", "accelerators", "vary_batch", "description"}
+#: What ``accelerators`` may name: cpu-bf16 is a CPU with bf16 instructions (elsewhere bf16 autocast is emulated).
+DEVICE_KINDS = {"cpu", "cpu-bf16", "cuda"}
 
 
 @dataclass
@@ -39,8 +41,7 @@ class Entry:
 
 @dataclass
 class Plan:
-    """A plan file. Its first run is the baseline; ``warmup_steps`` and ``measured_steps`` may be per device type
-    (``{cpu: 10, cuda: 20}``)."""
+    """A plan file. Its first run is the baseline; steps may be per device type (``{cpu: 10, cuda: 20}``)."""
 
     path: str
     entries: list[Entry]
@@ -60,7 +61,6 @@ def rel(path: str | os.PathLike) -> str:
 
 
 def count(value: Any, key: str, minimum: int = 1) -> int:
-    """``value`` if it is an integer >= ``minimum``, else a :class:`ConfigError` naming ``key``."""
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
     require(ok, f"{key}: must be an integer >= {minimum}, got {value!r}")
     return value
@@ -100,7 +100,8 @@ def load_plan(path: str | os.PathLike) -> Plan:
         require(e.name not in {x.name for x in entries}, f"{key}.name: {e.name!r} appears twice")
         require(not e.config or (REPO_ROOT / e.config).is_file(), f"{key}.config: no config file at {e.config}")
         require(isinstance(e.overrides, dict), f"{key}.overrides: must be a mapping of dotted keys to values")
-        require(isinstance(e.accelerators, (list, type(None))), f"{key}.accelerators: a list such as [cuda]")
+        ok = e.accelerators is None or isinstance(e.accelerators, list) and set(e.accelerators) <= DEVICE_KINDS
+        require(ok, f"{key}.accelerators: a list of {', '.join(sorted(DEVICE_KINDS))}, e.g. [cuda]")
         entries.append(e)
     budget = data.get("budget") or {}
     gib, budget_runs = budget.get("gib"), budget.get("runs") or []
@@ -127,12 +128,8 @@ def cli_value(value: Any) -> str:
 
 
 def resolve_config(config_files: Sequence[str | os.PathLike] = (), overrides: Mapping[str, Any] | None = None) -> dict:
-    """The config a run sees: what ``main.py fit --config <file>... --<key>=<value>... --print_config`` prints.
-
-    LightningCLI's own parser does it, in this process (``configs/base.yaml`` first, the files in order, the dotted
-    overrides last; lists replace). Results are cached per argument list. A ConfigError carries the parser's own
-    one-line message when it refuses the files or the overrides.
-    """
+    """The config a run sees: what ``main.py fit --config <file>... --<key>=<value>... --print_config`` prints, by
+    LightningCLI's own parser in this process, cached per argument list; a refusal is the parser's one-line error."""
     args = ["fit", *(a for f in config_files for a in ("--config", str(REPO_ROOT / f)))]
     args += [f"--{key}={cli_value(value)}" for key, value in (overrides or {}).items()]
     if tuple(args) not in _RESOLVED:
@@ -200,8 +197,7 @@ class Settings:
 
 @dataclass
 class RunSpec:
-    """One process to run: which entry (``index`` in the plan), which repeat, its overrides, resolved config and
-    identity. ``kind`` is ``run`` or ``budget``."""
+    """One process to run (``kind``: ``run`` or ``budget``) of the plan's entry ``index``."""
 
     name: str
     kind: str
@@ -231,10 +227,8 @@ class RunSpec:
 
 def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, kind: str = "run",
                batch_size: int | None = None, extra: Mapping[str, Any] | None = None) -> RunSpec:
-    """The run of ``entry``: overrides in order (model, the command line's, the entry's, the study's window).
-
-    A budget run has a micro-batch of its own, no accumulation and no timed steps: only its peak matters.
-    """
+    """The run of ``entry``: overrides in order (model, the command line's, the entry's, the study's window). A budget
+    run has a micro-batch of its own, no accumulation and no timed steps: only its peak matters."""
     # A window of a few steps is no schedule's intended length: a constant learning rate keeps runs comparable.
     overrides: dict[str, Any] = {"model.scheduler": "none", "model.model_name": settings.model}
     overrides = {k: v for k, v in overrides.items() if v} | settings.overrides | entry.overrides

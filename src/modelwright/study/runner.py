@@ -4,6 +4,7 @@ predictions written before each run; a lock that keeps two studies off one resul
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -27,8 +28,7 @@ from modelwright.report import fmt
 from modelwright.study import plan as p
 
 GUARD = Path(__file__).with_name("_guard.py")
-#: Statuses that count as "recorded" for resume. An interrupted run is not a result; a failed or out-of-memory run
-#: is (``retry_failed`` runs those again).
+#: Statuses that count as recorded for resume: an interrupted run is not a result, a failed one is (retry_failed).
 DONE_STATUSES = ("ok", "oom", "diverged", "failed")
 RETRY_STATUSES = ("failed", "oom")
 STOP_GRACE_S = 30.0
@@ -36,43 +36,24 @@ STOP_GRACE_S = 30.0
 
 @contextlib.contextmanager
 def study_lock(folder: Path) -> Iterator[Path]:
-    """``study.lock`` (the PID) in ``folder`` while a study writes there; a lock left by a dead PID is taken over, a
-    live study's is a ConfigError."""
-    path = folder / "study.lock"
+    """``study.lock`` in ``folder``, holding the PID, locked while a study writes there: the kernel releases the lock
+    when the study dies, however it dies; a live study's lock is a ConfigError."""
     folder.mkdir(parents=True, exist_ok=True)
-    while True:
+    path = folder / "study.lock"
+    with path.open("a+") as f:
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            pid = lock_owner(path)
-            if pid is not None and _alive(pid):
-                raise ConfigError(f"{p.rel(folder)}: another study (PID {pid}) is running on these results; "
-                                  "wait for it or stop it") from None
-            path.unlink(missing_ok=True)
-    with os.fdopen(fd, "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            raise ConfigError(f"{p.rel(folder)}: another study (PID {f.read().strip()}) is running on these results; "
+                              "wait for it or stop it") from None
+        f.truncate(0)
         f.write(f"{os.getpid()}\n")
-    try:
-        yield path
-    finally:
-        if lock_owner(path) == os.getpid():
+        f.flush()
+        try:
+            yield path
+        finally:
             path.unlink(missing_ok=True)
-
-
-def lock_owner(path: Path) -> int | None:
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        return int(path.read_text().split()[0])
-    return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        pass
-    return True
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -82,26 +63,21 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def run_child(args: list[str], log_path: Path, env: Mapping[str, str], timeout_s: float | None,
               tick: Callable[[float], None]) -> tuple[int, bool]:
-    """Run ``python ARGS`` under the guard (``_guard.py``), in a process group of its own: ``(status, timed out)``.
-
-    On timeout the group gets SIGTERM (the run stops cleanly), SIGKILL after a grace period. However this returns
-    or raises (Ctrl-C, SIGTERM to the study), nothing of the group outlives it; the guard covers a killed study.
-    """
-    t0 = time.perf_counter()
+    """Run ``python ARGS`` under ``_guard.py`` in a process group of its own: ``(status, timed out)``. On timeout the
+    group gets SIGTERM, SIGKILL after a grace period; however this returns or raises, nothing of the group outlives
+    it (the guard covers a killed study)."""
+    t0, timed_out = time.perf_counter(), False
     with log_path.open("wb") as log:
         proc = subprocess.Popen([sys.executable, str(GUARD), str(os.getpid()), sys.executable, *args], cwd=REPO_ROOT,
                                 env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    timed_out = False
     try:
-        while proc.poll() is None:
+        while proc.poll() is None and not timed_out:
             elapsed = time.perf_counter() - t0
-            if timeout_s is not None and elapsed > timeout_s:
-                timed_out = True
+            tick(elapsed)
+            if timed_out := timeout_s is not None and elapsed > timeout_s:
                 _signal_group(proc.pid, signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=STOP_GRACE_S)
-                break
-            tick(elapsed)
             time.sleep(0.25)
     finally:
         _signal_group(proc.pid, signal.SIGKILL)  # stragglers (another rank), or the run itself on an exception

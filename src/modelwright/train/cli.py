@@ -2,20 +2,16 @@
 
 To run: ``uv run main.py fit --config configs/amp.yaml`` (``configs/base.yaml`` is always loaded first).
 
-What this adds to a plain LightningCLI, and why:
-
-* ``configs/base.yaml`` is the default config of every subcommand, so experiment files hold only deltas.
-* ``--ckpt_path last`` finds the newest ``last.ckpt`` of the experiment (each config file names its runs
-  with ``trainer.logger.init_args.name``: ``lightning_logs/amp/version_0``).
-* A precision the Trainer changed (``16-mixed`` becomes ``bf16-mixed`` on CPU) is said in a log line.
-* Errors that are the user's to fix are one line on stderr and exit status 2; ``MODELWRIGHT_DEBUG=1``
-  shows the traceback.
+Added to a plain LightningCLI: ``--ckpt_path last`` resolution, a log line for a precision the Trainer changed
+(``16-mixed`` runs as ``bf16-mixed`` on CPU), and the user's errors as one line on stderr with exit status 2
+(``MODELWRIGHT_DEBUG=1`` shows the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import errno
+import inspect
 import logging
 import os
 import re
@@ -24,7 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Literal
 
-import torch
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 
@@ -38,25 +34,14 @@ BASE_CONFIG = CONFIGS_DIR / "base.yaml"
 log = logging.getLogger("modelwright")
 
 
-def _logger_init_args(trainer_cfg) -> dict | None:
-    logger = trainer_cfg.get("logger")
-    if logger is None or isinstance(logger, bool) or "init_args" not in logger:
-        return None
-    return logger["init_args"]
-
-
 def find_last_checkpoint(log_root: Path) -> Path | None:
     """The newest loadable ``last*.ckpt`` of the latest run (the highest ``version_N``) under ``log_root``.
 
-    Never an older run's without saying so: when the latest run has none (killed before its first checkpoint), the
-    error names the newest older candidate, to be passed explicitly. ``None`` when no run has one: as with
-    Lightning's own ``ckpt_path="last"``, a job relaunched with ``--ckpt_path last`` may start before any checkpoint.
+    Never an older run's without saying so: when the latest run has none, the error names the newest older one.
+    ``None`` when no run has one: as with Lightning's ``ckpt_path="last"``, a relaunched job may start afresh.
     """
-    def number(folder: Path) -> int:
-        tail = folder.name.removeprefix("version_")
-        return int(tail) if tail.isdigit() else -1
-
-    runs = sorted((p for p in log_root.glob("version_*") if p.is_dir()), key=number, reverse=True)
+    runs = [p for p in log_root.glob("version_*") if p.is_dir() and p.name.removeprefix("version_").isdigit()]
+    runs.sort(key=lambda p: int(p.name.removeprefix("version_")), reverse=True)
     for i, run in enumerate(runs):
         found = sorted((c for c in run.glob("checkpoints/last*.ckpt") if _loadable(c)), key=lambda c: c.stat().st_mtime)
         if found and i == 0:
@@ -70,123 +55,45 @@ def find_last_checkpoint(log_root: Path) -> Path | None:
 
 
 def _loadable(path: Path) -> bool:
-    """A checkpoint file that is a whole zip archive (a write cut short or a full disk leaves one that is not)."""
+    """A checkpoint folder, or a file that is a whole zip archive (a write cut short or a full disk leaves one not)."""
     try:
         return path.is_dir() or (path.stat().st_size > 0 and zipfile.is_zipfile(path))
     except OSError:
         return False
 
 
-def check_no_generic_optimizer(argv: list[str]) -> None:
-    """Lightning's ``--optimizer``/``--lr_scheduler`` would replace the model's own optimizer and schedule."""
-    for arg in argv:
-        flag = arg.split("=", 1)[0]
-        if flag in ("--optimizer", "--lr_scheduler"):
-            raise ConfigError(
-                f"{flag.lstrip('-')}: not used here; choose the optimizer with --model.optimizer (sgd, adamw) and "
-                "--model.optimizer_impl, the schedule with --model.scheduler (none, cosine, onecycle)"
-            )
-
-
-def trainer_error(err: BaseException) -> str:
-    """Lightning's refusal of a Trainer value as ``trainer.<key>: problem`` (the key the message names first)."""
-    import inspect
-
-    from lightning.pytorch import Trainer
-
-    text = " ".join(str(err).split())
-    names = [n for n in inspect.signature(Trainer.__init__).parameters if n != "self"]
-    found = [(m.start(), n) for n in names if (m := re.search(rf"\b{n}\b", text))]
-    key = f"trainer.{min(found)[1]}" if found else "trainer"
-    return f"{key}: {text}"
-
-
-def check_writable_dir(path: Path, key: str) -> None:
-    """Raise unless ``path`` is, or can be created as, a folder this process may write in."""
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"{key}: cannot create {path}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}: cannot write in {existing}")
-
-
-def check_checkpoint(path: Path) -> None:
-    """Raise unless ``path`` is a PyTorch checkpoint file (a zip archive) or a distributed-checkpoint folder."""
-    if path.is_dir():
-        return
-    if not path.is_file():
-        raise ConfigError(f"ckpt_path: no checkpoint at {path}")
-    if not _loadable(path):
-        raise ConfigError(f"ckpt_path: {path} is not a PyTorch checkpoint (truncated or corrupted?)")
-
-
-def _check_trainer_values(trainer_cfg) -> None:
-    """Values Lightning's Trainer accepts but that break training or say nothing sensible."""
-    clip = trainer_cfg.get("gradient_clip_val")
-    require(clip is None or clip >= 0, f"trainer.gradient_clip_val: must be >= 0 or null, got {clip}")
-    for key in ("check_val_every_n_epoch", "log_every_n_steps", "val_check_interval"):
-        value = trainer_cfg.get(key)
-        require(value is None or value > 0, f"trainer.{key}: must be positive or null, got {value}")
-    low = trainer_cfg.get("min_epochs")
-    require(low is None or low >= 0, f"trainer.min_epochs: must be >= 0 or null, got {low}")
-
-
-def _check_strategy(trainer_cfg) -> None:
-    """Lightning's FSDPStrategy raises a ValueError deep inside on CPU: say what to use instead."""
-    name = _class_path(trainer_cfg.get("strategy"))
-    if not (name.startswith("fsdp") or name.endswith("FSDPStrategy")):
-        return
-    accelerator = str(trainer_cfg.get("accelerator"))
-    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
-        raise ConfigError(
-            f"trainer.strategy: {name} needs CUDA GPUs; on CPU use configs/fsdp2.yaml "
-            "(FSDP2 through ModelParallelStrategy), which shards the same way"
-        )
-
-
-def add_cpu_malloc_argument(parser) -> None:
-    """The top-level ``cpu_malloc`` key (``retain`` or ``system``; :func:`modelwright.train.runtime.set_cpu_malloc`)."""
-    parser.add_argument(
-        "--cpu_malloc", type=Literal["retain", "system"], default="retain",
-        help="glibc malloc: retain freed memory for the next step (fewer page faults) or leave it as it is.",
-    )
-
-
-def _drop_disabled_callbacks(trainer_cfg) -> None:
-    """``enable_checkpointing: false`` / ``enable_progress_bar: false`` drop the config's callbacks of that kind.
-
-    Lightning refuses either flag beside a callback of its kind, with a traceback; base.yaml lists ModelCheckpoint
-    and progress-bar callbacks, so without this a user could not switch them off with the one flag made for it.
-    """
-    callbacks = trainer_cfg.get("callbacks") or []
-    kinds = {"enable_checkpointing": "ModelCheckpoint", "enable_progress_bar": "ProgressBar",
-             "enable_model_summary": "ModelSummary"}
-    for flag, kind in kinds.items():
-        kept = [cb for cb in callbacks if not _class_path(cb).endswith(kind)]
-        if trainer_cfg.get(flag) is False and len(kept) != len(callbacks):
+def _check_trainer(trainer) -> None:
+    """Refuse values Lightning's Trainer accepts but that break training (a negative clip flips the gradients)."""
+    for key, low in (("accumulate_grad_batches", 1), ("check_val_every_n_epoch", 1), ("log_every_n_steps", 1),
+                     ("gradient_clip_val", 0), ("min_epochs", 0)):
+        value = trainer.get(key)
+        require(value is None or value >= low, f"trainer.{key}: must be >= {low}, got {value}")
+    interval = trainer.get("val_check_interval")
+    positive = not isinstance(interval, (int, float)) or interval > 0  # also a time: "00:12:00:00", a dict
+    require(positive, f"trainer.val_check_interval: must be positive, got {interval}")
+    # Lightning refuses enable_checkpointing/enable_progress_bar/enable_model_summary: false beside a callback of
+    # that kind, with a traceback; base.yaml lists such callbacks, so the flag drops them instead.
+    callbacks = trainer.get("callbacks") or []
+    for flag, kind in (("enable_checkpointing", "ModelCheckpoint"), ("enable_progress_bar", "ProgressBar"),
+                       ("enable_model_summary", "ModelSummary")):
+        kept = [cb for cb in callbacks if not str(getattr(cb, "class_path", cb)).endswith(kind)]
+        if trainer.get(flag) is False and len(kept) != len(callbacks):
             _say(f"trainer.{flag}: false; {len(callbacks) - len(kept)} {kind} callback(s) of the config dropped")
-            callbacks = trainer_cfg["callbacks"] = kept
-
-
-def _class_path(spec) -> str:
-    """The class path of a callback or strategy as the config gives it: a string or a ``class_path`` entry."""
-    if isinstance(spec, str):
-        return spec
-    getter = getattr(spec, "get", None)
-    return str((getter("class_path") if getter else getattr(spec, "class_path", None)) or "")
+            callbacks = trainer["callbacks"] = kept
 
 
 class ModelwrightCLI(LightningCLI):
     """LightningCLI with the project's defaults, input checks, ``last`` resolution and precision report."""
 
     def add_arguments_to_parser(self, parser) -> None:
-        add_cpu_malloc_argument(parser)
+        parser.add_argument(
+            "--cpu_malloc", type=Literal["retain", "system"], default="retain",
+            help="glibc malloc: retain freed memory for the next step (fewer page faults) or leave it as it is.",
+        )
 
     @property
     def run_config(self):
-        """The config of the run: the subcommand's (``fit``, ...), or the whole config with ``run=False``."""
+        """The subcommand's config (``fit``, ...), or the whole config with ``run=False``."""
         sub = self.config.get("subcommand")
         return self.config[sub] if sub else self.config
 
@@ -196,26 +103,25 @@ class ModelwrightCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
         cfg = self.run_config
-        trainer = cfg["trainer"]
-        accumulate = trainer.get("accumulate_grad_batches")
-        require(
-            isinstance(accumulate, int) and accumulate >= 1,
-            f"trainer.accumulate_grad_batches: must be an integer >= 1, got {accumulate}",
-        )
-        _check_trainer_values(trainer)
-        _check_strategy(trainer)
-        _drop_disabled_callbacks(trainer)
-        init_args = _logger_init_args(trainer)
+        _check_trainer(cfg["trainer"])
+        logger = cfg["trainer"].get("logger")
+        init_args = logger.get("init_args") if hasattr(logger, "get") else None
         if init_args is not None and init_args.get("save_dir"):
-            check_writable_dir(Path(init_args["save_dir"]), "trainer.logger.init_args.save_dir")
+            existing = Path(init_args["save_dir"])
+            while not existing.exists() and existing != existing.parent:
+                existing = existing.parent
+            key = "trainer.logger.init_args.save_dir"
+            require(existing.is_dir(), f"{key}: cannot create {init_args['save_dir']}: {existing} is not a folder")
+            require(os.access(existing, os.W_OK | os.X_OK), f"{key}: cannot write in {existing}")
         if cfg.get("ckpt_path") == "last" and init_args is not None:
             root = Path(init_args["save_dir"]) / (init_args.get("name") or "")
             found = find_last_checkpoint(root)
             if found is None:
                 _say(f"ckpt_path: 'last', but no run under {root} has a checkpoint; starting from the beginning")
             cfg["ckpt_path"] = None if found is None else str(found)
-        if cfg.get("ckpt_path"):
-            check_checkpoint(Path(cfg["ckpt_path"]))
+        if ckpt := cfg.get("ckpt_path"):
+            require(Path(ckpt).exists(), f"ckpt_path: no checkpoint at {ckpt}")
+            require(_loadable(Path(ckpt)), f"ckpt_path: {ckpt} is not a PyTorch checkpoint (truncated or corrupted?)")
 
     def instantiate_trainer(self, **kwargs):
         from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -223,11 +129,16 @@ class ModelwrightCLI(LightningCLI):
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError, TypeError) as err:
-            raise ConfigError(trainer_error(err)) from None
+            # Named as ``trainer.<key>``: the Trainer argument Lightning's message mentions first.
+            text = " ".join(str(err).split())
+            names = [n for n in inspect.signature(Trainer.__init__).parameters if n != "self"]
+            found = [(m.start(), n) for n in names if (m := re.search(rf"\b{n}\b", text))]
+            if "FSDP" in text:
+                text += "; on a CPU, FSDP2 runs: configs/fsdp2.yaml"
+            raise ConfigError(f"trainer.{min(found)[1]}: {text}" if found else f"trainer: {text}") from None
 
     def after_instantiate_classes(self) -> None:
-        requested = str(self.run_config["trainer"].get("precision"))
-        actual = str(self.trainer.precision)
+        requested, actual = str(self.run_config["trainer"].get("precision")), str(self.trainer.precision)
         if requested != actual:
             _say(
                 f"precision: requested {requested}, running {actual} on {type(self.trainer.accelerator).__name__}; "
@@ -241,41 +152,35 @@ def _say(message: str) -> None:
 
 
 def cli_main(args: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0, or 2 for a configuration error)."""
-    debug = os.environ.get("MODELWRIGHT_DEBUG") == "1"
+    """Run the CLI; returns the exit status (0, 2 for a configuration error, 1 for a diverged run or a full disk)."""
     try:
         argv = sys.argv[1:] if args is None else list(args)
-        check_no_generic_optimizer(argv)
+        # Lightning's --optimizer/--lr_scheduler would replace the model's own optimizer and schedule.
+        generic = [flag for flag in (a.split("=", 1)[0] for a in argv) if flag in ("--optimizer", "--lr_scheduler")]
+        if generic:
+            raise ConfigError(
+                f"{generic[0][2:]}: not used here; choose the optimizer with --model.optimizer (sgd, adamw) and "
+                "--model.optimizer_impl, the schedule with --model.scheduler (none, cosine, onecycle)"
+            )
         argv = resolve_config_args(argv)
         if args is None:  # LightningCLI warns when given args beside a non-empty sys.argv
             sys.argv[1:], argv = argv, None
+        subcommand = {"default_config_files": [str(BASE_CONFIG)], "exit_on_error": False}
         ModelwrightCLI(
             ImageClassifier,
             ImageDataModule,
-            parser_kwargs={
-                "exit_on_error": False,
-                **{
-                    sub: {"default_config_files": [str(BASE_CONFIG)], "exit_on_error": False}
-                    for sub in ("fit", "validate", "test")
-                },
-            },
+            parser_kwargs={"exit_on_error": False, "fit": subcommand, "validate": subcommand, "test": subcommand},
             save_config_kwargs={"overwrite": True},
             auto_configure_optimizers=False,  # the model builds its own: one way to choose an optimizer
             args=argv,
         )
-    except (ConfigError, argparse.ArgumentError) as err:
-        if debug:
+    # FloatingPointError: callbacks.fault_tolerance.NonFiniteLossError, the run diverged. A full disk or quota: the
+    # run's record says so too, where it could be written.
+    except (ConfigError, argparse.ArgumentError, FloatingPointError, OSError) as err:
+        if os.environ.get("MODELWRIGHT_DEBUG") == "1" or (
+            isinstance(err, OSError) and err.errno not in (errno.ENOSPC, errno.EDQUOT)
+        ):
             raise
         print(f"error: {one_line(err)}", file=sys.stderr)
-        return 2
-    except FloatingPointError as err:  # callbacks.fault_tolerance.NonFiniteLossError: the run diverged
-        if debug:
-            raise
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except OSError as err:  # a full disk or quota: the run's record says so too, where it could be written
-        if debug or err.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(err, (ConfigError, argparse.ArgumentError)) else 1
     return 0

@@ -8,17 +8,8 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader, Dataset
 
 from modelwright.train.args import DataArgs, from_hparams
-from modelwright.train.datasets import (  # noqa: F401 (imported from here by name)
-    CIFAR10_FILES,
-    CIFAR10_FOLDER,
-    CIFAR10_MEAN,
-    CIFAR10_STD,
-    check_cifar10_dir,
-    image_datasets,
-    image_loader,
-    synthetic_images,
-)
-from modelwright.train.resume import ResumableDataLoader, ResumableRandomSampler, TrainLoaderResume
+from modelwright.train.datasets import image_datasets, image_loader
+from modelwright.train.resume import ResumableDataLoader, ResumableRandomSampler
 
 
 class ImageDataModule(pl.LightningDataModule):
@@ -57,7 +48,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.args = from_hparams(DataArgs, self.hparams)  # checks the values
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
-        self._resume = TrainLoaderResume()  # the training loader's place in its epoch, across a resume
+        self._resume: dict | None = None  # the training loader's place in its epoch, from a checkpoint
 
     def prepare_data(self) -> None:
         if self.args.dataset == "cifar10" and self.args.download:
@@ -71,14 +62,21 @@ class ImageDataModule(pl.LightningDataModule):
         # Resumes mid-epoch (modelwright.train.resume); its shuffle is RandomSampler's.
         return image_loader(
             self.train_set, self.args, train=True, cls=ResumableDataLoader,
-            sampler=ResumableRandomSampler(self.train_set), resume=self._resume.take,
+            sampler=ResumableRandomSampler(self.train_set), resume=self._take_resume,
         )
 
+    # The loader's place also travels in the datamodule's state, which Lightning restores before any loader's
+    # (modelwright.train.resume says why).
     def state_dict(self) -> dict:
-        return TrainLoaderResume.state_dict(self.trainer)
+        loader = getattr(self.trainer, "train_dataloader", None)
+        return {"train_loader": loader.state_dict()} if isinstance(loader, ResumableDataLoader) else {}
 
     def load_state_dict(self, state_dict: dict) -> None:
-        self._resume.load_state_dict(state_dict)
+        self._resume = state_dict.get("train_loader")
+
+    def _take_resume(self) -> dict | None:
+        state, self._resume = self._resume, None
+        return state
 
     def val_dataloader(self) -> DataLoader:
         return image_loader(self.val_set, self.args, train=False)

@@ -1,15 +1,13 @@
 """Plain ``nn.Module`` networks for 32×32 images, built by name, and their checkpoint segments.
 
 Granularities: ``stage`` (layers sharing a resolution: resnet18's ``layer1``..``layer4``) and ``block`` (the
-residual / conv / transformer blocks inside). :func:`apply_gradient_checkpointing` recomputes them in backward
-(``torch.utils.checkpoint``, ``use_reentrant=False``) by replacing each segment's ``forward`` on the instance, so
-parameter names and ``state_dict`` keys stay the same; :func:`checkpointed_modules` says which it wrapped.
+residual / conv / transformer blocks inside). A segment's ``forward`` is replaced on the instance, so parameter
+names and ``state_dict`` keys stay the same.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from typing import Literal
 
 import torch
 from torch import nn
@@ -19,11 +17,6 @@ from torchvision.models import resnet18 as tv_resnet18
 from torchvision.models.vision_transformer import VisionTransformer
 
 from modelwright.errors import ConfigError
-
-ModelName = Literal["resnet18", "smallcnn", "vit"]
-Granularity = Literal["off", "stage", "block"]
-MODEL_NAMES: tuple[str, ...] = ("resnet18", "smallcnn", "vit")
-GRANULARITIES: tuple[str, ...] = ("off", "stage", "block")
 
 
 def resnet18_cifar(num_classes: int = 10) -> nn.Module:
@@ -38,14 +31,8 @@ class ConvBlock(nn.Sequential):
     """conv3×3 → BatchNorm → ReLU, optionally followed by a 2×2 max-pool."""
 
     def __init__(self, c_in: int, c_out: int, pool: bool) -> None:
-        layers: list[nn.Module] = [
-            nn.Conv2d(c_in, c_out, kernel_size=3, padding=1, bias=False),
-            nn.BatchNorm2d(c_out),
-            nn.ReLU(inplace=True),
-        ]
-        if pool:
-            layers.append(nn.MaxPool2d(2))
-        super().__init__(*layers)
+        conv = nn.Conv2d(c_in, c_out, kernel_size=3, padding=1, bias=False)
+        super().__init__(conv, nn.BatchNorm2d(c_out), nn.ReLU(inplace=True), *([nn.MaxPool2d(2)] if pool else []))
 
 
 class SmallCNN(nn.Module):
@@ -66,31 +53,21 @@ class SmallCNN(nn.Module):
 
 
 def small_vit(num_classes: int = 10) -> VisionTransformer:
-    """torchvision's VisionTransformer for 32×32 inputs: patch 4 (64 tokens), 6 blocks, width 192.
+    """torchvision's VisionTransformer for 32×32 inputs: patch 4 (64 tokens), 6 blocks, width 192; its attention
+    (``nn.MultiheadAttention`` with ``need_weights=False``) runs through ``F.scaled_dot_product_attention``."""
+    return VisionTransformer(image_size=32, patch_size=4, num_layers=6, num_heads=6, hidden_dim=192, mlp_dim=768,
+                             num_classes=num_classes)
 
-    Its attention is ``nn.MultiheadAttention`` called with ``need_weights=False``, which runs
-    through ``F.scaled_dot_product_attention``.
-    """
-    return VisionTransformer(
-        image_size=32,
-        patch_size=4,
-        num_layers=6,
-        num_heads=6,
-        hidden_dim=192,
-        mlp_dim=768,
-        num_classes=num_classes,
-    )
+
+BUILDERS = {"resnet18": resnet18_cifar, "smallcnn": SmallCNN, "vit": small_vit}
+MODEL_NAMES = tuple(BUILDERS)
 
 
 def build_model(name: str, num_classes: int = 10) -> nn.Module:
     """Build a network by name (one of :data:`MODEL_NAMES`)."""
-    if name == "resnet18":
-        return resnet18_cifar(num_classes)
-    if name == "smallcnn":
-        return SmallCNN(num_classes)
-    if name == "vit":
-        return small_vit(num_classes)
-    raise ConfigError(f"model.model_name: unknown model {name!r}; valid: {', '.join(MODEL_NAMES)}")
+    if name not in BUILDERS:
+        raise ConfigError(f"model.model_name: unknown model {name!r}; valid: {', '.join(MODEL_NAMES)}")
+    return BUILDERS[name](num_classes)
 
 
 def checkpoint_segments(model: nn.Module, granularity: str) -> list[nn.Module]:
@@ -101,11 +78,9 @@ def checkpoint_segments(model: nn.Module, granularity: str) -> list[nn.Module]:
         segments = {"block": list(model.encoder.layers)}
     elif isinstance(model, SmallCNN):
         segments = {"stage": list(model.stages), "block": [b for s in model.stages for b in s]}
-    elif hasattr(model, "layer4"):  # torchvision ResNet
+    else:  # torchvision's ResNet
         stages = [model.layer1, model.layer2, model.layer3, model.layer4]
         segments = {"stage": stages, "block": [b for s in stages for b in s]}
-    else:
-        raise ConfigError(f"model.gradient_checkpointing: no checkpoint segments known for {type(model).__name__}")
     if granularity not in segments:
         raise ConfigError(
             f"model.gradient_checkpointing: {type(model).__name__} has no {granularity!r} segments; "
@@ -149,11 +124,7 @@ class _CheckpointedForward:
 
 
 def apply_gradient_checkpointing(model: nn.Module, granularity: str) -> list[nn.Module]:
-    """Recompute ``granularity``'s segments of ``model`` in backward; returns the segments."""
-    if granularity not in GRANULARITIES:
-        raise ConfigError(
-            f"model.gradient_checkpointing: unknown granularity {granularity!r}; valid: {', '.join(GRANULARITIES)}"
-        )
+    """Recompute ``granularity``'s segments of ``model`` in backward (``use_reentrant=False``); returns them."""
     segments = checkpoint_segments(model, granularity)
     for module in segments:
         if not isinstance(module.forward, _CheckpointedForward):

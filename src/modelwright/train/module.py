@@ -1,8 +1,5 @@
-"""The LightningModule ("the system") around a plain network: loss, metrics, optimizer and technique switches.
-
-Each efficiency technique that belongs to the model is one typed argument, so it is one line of YAML
-under ``model:`` (the Trainer's own ``precision`` and ``accumulate_grad_batches`` cover the rest).
-"""
+"""The LightningModule ("the system") around a plain network: loss, metrics, optimizer and technique switches,
+each technique one typed argument and so one line of YAML under ``model:``."""
 
 from __future__ import annotations
 
@@ -19,19 +16,7 @@ from modelwright.train.args import ModelArgs, from_hparams
 from modelwright.train.models import apply_gradient_checkpointing, build_model, checkpoint_segments
 from modelwright.train.optim import build_optimizer, build_scheduler
 
-OptimizerName = Literal["sgd", "adamw"]
-OptimizerImpl = Literal["auto", "for-loop", "foreach", "fused"]
-SchedulerName = Literal["none", "cosine", "onecycle"]
-__all__ = ["ImageClassifier", "build_optimizer", "build_scheduler", "shard_per_block"]
-
-
-def shard_per_block(net: nn.Module, mesh) -> None:
-    """FSDP2: shard each block's parameters over ``mesh`` (``fully_shard`` per block, then the rest)."""
-    from torch.distributed.fsdp import fully_shard
-
-    for block in checkpoint_segments(net, "block"):
-        fully_shard(block, mesh=mesh)
-    fully_shard(net, mesh=mesh)
+__all__ = ["ImageClassifier", "build_optimizer", "build_scheduler"]
 
 
 class ImageClassifier(pl.LightningModule):
@@ -56,12 +41,12 @@ class ImageClassifier(pl.LightningModule):
         self,
         model_name: Literal["resnet18", "smallcnn", "vit"] = "resnet18",
         num_classes: int = 10,
-        optimizer: OptimizerName = "adamw",
+        optimizer: Literal["sgd", "adamw"] = "adamw",
         lr: float = 2e-3,
         momentum: float = 0.9,
         weight_decay: float = 5e-2,
-        optimizer_impl: OptimizerImpl = "auto",
-        scheduler: SchedulerName = "onecycle",
+        optimizer_impl: Literal["auto", "for-loop", "foreach", "fused"] = "auto",
+        scheduler: Literal["none", "cosine", "onecycle"] = "onecycle",
         gradient_checkpointing: Literal["off", "stage", "block"] = "off",
         channels_last: bool = False,
         compile: bool = False,
@@ -90,8 +75,11 @@ class ImageClassifier(pl.LightningModule):
             self.hparams.channels_last = False
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
-        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 over the data-parallel mesh
-            shard_per_block(self.net, self.device_mesh["data_parallel"])
+        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 over the data-parallel mesh, per block
+            from torch.distributed.fsdp import fully_shard
+
+            for part in [*checkpoint_segments(self.net, "block"), self.net]:
+                fully_shard(part, mesh=self.device_mesh["data_parallel"])
         if self.hparams.compile:
             self.net.compile()
 
