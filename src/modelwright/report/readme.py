@@ -74,6 +74,7 @@ class Study:
         device = (f"{hw.get('cpu_model')}, {hw.get('cpu_cores')} cores" if hw.get("accelerator") == "cpu"
                   else f"{hw.get('num_devices') or 1}× {hw.get('device_name')}")
         commands = dict.fromkeys(f"`{get_path(r, 'provenance.command')}`" for row in self.rows for r in row.records)
+        plans = dict.fromkeys(f"`{get_path(r, 'study.plan')}`" for row in self.rows for r in row.records)
         steps: dict[Any, list[str]] = {}
         for row in self.rows:
             steps.setdefault(get_path(row.records[-1], "study.measured_steps"), []).append(row.name)
@@ -83,7 +84,7 @@ class Study:
         return "\n".join([f"- Hardware: {hw.get('accelerator', '?').upper()} {device}; torch {ver.get('torch')}, "
                           f"lightning {ver.get('lightning')}, python {ver.get('python')}",
                           f"- Window: {s.get('warmup_steps')} warm-up, {usual} measured steps per run{others}, up to "
-                          f"{repeats} repeat(s) per row; plan `{s.get('plan')}`",
+                          f"{repeats} repeat(s) per row; plan(s) {', '.join(plans)}",
                           f"- Command(s): {'; '.join(commands)}; total wall time of the runs: {duration(self.wall_s)}",
                           *(f"- [{m}] {g}" for g, m in self.marks.items())])
 

@@ -133,15 +133,16 @@ def _by_name(records: Sequence[dict], kind: str) -> dict[str, list[dict]]:
 
 def build_rows(records: Sequence[dict]) -> list[Row]:
     """The table's rows in plan order, each with its reference row set."""
-    rows = []
+    rows, plans = [], {}
     for name, group in _by_name(records, "run").items():
         last = group[-1]
+        plans.setdefault(last["study"].get("plan"), len(plans))  # plans in the order they were first run
         ok = [r for r in group if r["study"].get("config_hash") == last["study"].get("config_hash")
               and r.get("status") == "ok"]
         index = int(last["study"].get("index", 0))
         rows.append(Row(name, index, ok, "ok", v=_values(ok)) if ok
                     else Row(name, index, [last], str(last.get("status")), error=last.get("error")))
-    rows.sort(key=lambda r: (r.index, r.name))
+    rows.sort(key=lambda r: (plans[r.records[-1]["study"].get("plan")], r.index, r.name))
     refs: dict[Any, Row] = {}
     for row in sorted((r for r in rows if r.ok), key=lambda r: not re.fullmatch(r"(.*[-_])?baseline", r.name)):
         refs.setdefault(row.model, row)
@@ -169,7 +170,7 @@ def main_table(rows: Sequence[Row], marks: Mapping[str, str] | None = None) -> s
     for r in (r for r in rows if r.ok):
         ref_samples = r.reference.v["loss_samples"] if r.reference else None
         loss = r.v["loss"] if r.v["loss_samples"] is not None and r.v["loss_samples"] == ref_samples else None
-        peak = "not measured" if r.v["peak_mib"] is None and r.v["anatomy"]["parameters"] else sig(r.v["peak_mib"])
+        peak = "not measured" if r.v["peak_mib"] is None else sig(r.v["peak_mib"])  # an ok run without: compiled
         letters = sorted({(marks or {}).get(provenance_group(x)) for x in r.records} - {None})
         spread = (f"{sig(r.v['step_lo'])}–{sig(r.v['step_hi'])} ({r.v['repeats']})" if r.band is not None
                   else f"{DASH} (1 repeat)")
