@@ -125,6 +125,7 @@ def test_header_states_commands_and_total_wall_time(tmp_path):  # 11 runs × 10 
     report.generate(folder, plots=False)
     table = (folder / "table.md").read_text()
     assert "`uv run python -m modelwright study`" in table and "total wall time of the runs: 110 s" in table
+    assert "- Records: commit c0ffee, definitions 3" in table
 
 
 def test_marker_writer_is_idempotent_and_leaves_the_rest(tmp_path):

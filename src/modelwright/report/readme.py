@@ -86,7 +86,8 @@ class Study:
                           f"- Window: {s.get('warmup_steps')} warm-up, {usual} measured steps per run{others}, up to "
                           f"{repeats} repeat(s) per row; plan(s) {', '.join(plans)}",
                           f"- Command(s): {'; '.join(commands)}; total wall time of the runs: {duration(self.wall_s)}",
-                          *(f"- [{m}] {g}" for g, m in self.marks.items())])
+                          *(f"- [{m}] {g}" for g, m in self.marks.items()),
+                          *([] if self.marks else [f"- Records: {t.provenance_group(last)}"])])
 
 
 class Sections:
