@@ -173,7 +173,7 @@ class Sections:
     def benchmark(self, what: str, render: Callable[..., str | None], *files: str) -> str:
         """``render`` over each results folder's benchmark ``files`` (read as JSON, None where absent)."""
         folders = sorted(f for f in self.root.iterdir() if f.is_dir())
-        parts = [text for f in folders if (text := render(*(_json(f / name) for name in files)))]
+        parts = [f"`{f.name}`:\n\n{text}" for f in folders if (text := render(*(_json(f / name) for name in files)))]
         return "\n\n".join(parts) or f"No {what} measurement recorded yet."
 
 
