@@ -96,6 +96,7 @@ class StepTimeMonitor(Measurement):
                 warnings.warn(f"StepTimeMonitor: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
             log_scalars(trainer, {"perf/flops_per_step": self.flops_per_step, "perf/peak_flops_per_s": self.peak[0]})
         self.timer.start()
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.cycle.end(trainer.global_step):
             return
