@@ -30,10 +30,9 @@ def _largest_batch(study: Study, index: int, entry: Entry, progress: Progress, b
     plain = build_spec(entry, index, study.settings)
     profile = study.baseline(get_path(plain.resolved, "model.model_name"))
 
-    def predict(budget: float) -> tuple[int, float | None]:
-        batch = int(planner.largest_batch(profile, plain.resolved, budget))
+    def peak_at(batch: int) -> float | None:
         cfg = {**plain.resolved, "data": {**plain.resolved["data"], "batch_size": batch}}
-        return batch, planner.predict_peak_mib(profile, cfg)["total"] if batch else None
+        return planner.predict_peak_mib(profile, cfg)["total"] if batch else None
 
     def run_at(batch: int, **extra: Any) -> dict:
         # The run a few percent over may share its batch with an attempt that missed the budget: as repeat 1 it is
@@ -42,7 +41,8 @@ def _largest_batch(study: Study, index: int, entry: Entry, progress: Progress, b
                           batch_size=batch, extra={"budget_mib": budget_mib, **extra})
         return study.run(spec, progress)
 
-    batch, predicted = predict(budget_mib) if profile is not None else (0, None)
+    batch = int(planner.largest_batch(profile, plain.resolved, budget_mib)) if profile is not None else 0
+    predicted = peak_at(batch) if batch else None
     if batch < 1:
         why = "no profile of the baseline to predict from" if profile is None else "the fixed part alone exceeds it"
         return say(f"{entry.name} (budget): skipped ({why})")
@@ -57,10 +57,10 @@ def _largest_batch(study: Study, index: int, entry: Entry, progress: Progress, b
             break
         # The planner missed by a measured amount: predict again for a budget less that much.
         missed, how = batch, "planner, corrected by the miss"
-        batch, predicted = predict(budget_mib - (peak - predicted))
-        batch = min(batch, missed - 1)
+        batch = min(int(planner.largest_batch(profile, plain.resolved, budget_mib - (peak - predicted))), missed - 1)
         if batch < 1:
             break
+        predicted = peak_at(batch)  # of the batch run, also where the correction was capped below the missed one
         progress.add_runs(1)
     if not fits:
         progress.add_runs(-1)
