@@ -16,7 +16,7 @@ after the warm-up, their median the round's figure). Noise on a shared CPU is ±
 read a difference under a few percent as no difference.
 
 MFU is each option's FLOPs per step (PyTorch's flop counter, :func:`modelwright.measure.training_flops`) over its
-median step time and the machine's measured fp32 peak (:func:`modelwright.measure.resolve_peak_flops`).
+median step time and the machine's fp32 hardware peak (:func:`modelwright.measure.hardware_peak`).
 
 The results go to ``results/<hardware slug>/cpu_defaults.json`` (``--out`` to change), the option that
 ``configs/base.yaml`` sets marked ``default``; ``python -m modelwright report`` writes docs/measurement.md's table.
@@ -46,7 +46,7 @@ for _p in (REPO / "src", REPO):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from modelwright.measure import hardware_info, resolve_peak_flops, training_flops, versions  # noqa: E402
+from modelwright.measure import hardware_info, hardware_peak, training_flops, versions  # noqa: E402
 from modelwright.study import hardware_slug, resolve_config  # noqa: E402
 from modelwright.train.data import ImageDataModule  # noqa: E402
 from modelwright.train.models import build_model  # noqa: E402
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         group_options(g, {"threads": 1, "num_workers": 0})  # names checked before any work
     defaults = base_defaults()
     set_cpu_malloc(defaults["cpu_malloc"])  # the other groups run as a default run does
-    peak, source = resolve_peak_flops("cpu", torch.float32)
+    peak, source, _ = hardware_peak("cpu", torch.float32)
     out = Path(args.out) if args.out else REPO / "results" / hardware_slug("cpu") / "cpu_defaults.json"
     print(f"{args.model}, batch {args.batch_size}, fp32, {defaults['optimizer']}; peak {peak / 1e9:.0f} GFLOP/s "
           f"({source}); base.yaml: {', '.join(f'{k}={defaults[k]}' for k in GROUPS)}", flush=True)

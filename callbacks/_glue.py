@@ -1,8 +1,6 @@
 """What the callbacks share: the :class:`Measurement` interface, scalar logging, batch helpers, quiet logs.
 (Hooks overridden in this folder have Lightning's signatures; their annotations are not repeated.)"""
 
-from __future__ import annotations
-
 import logging
 import math
 import warnings
@@ -42,13 +40,8 @@ def log_every(trainer: pl.Trainer, own: int | None) -> int:  # the callback's ow
     return max(1, int(own if own is not None else trainer.log_every_n_steps or 1))
 
 
-def first_tensor(batch: Any) -> torch.Tensor | None:  # itself, or the first in its tuples, lists and dicts
-    return next((t for t in tree_leaves(batch) if isinstance(t, torch.Tensor)), None)
-
-
-def batch_size_of(batch: Any) -> int | None:
-    t = first_tensor(batch)
-    return int(t.shape[0]) if t is not None and t.ndim > 0 else None
+def first_tensor(batch: Any) -> torch.Tensor | None:  # itself, or the first in its tuples, lists, dicts; not 0-d
+    return next((t for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.ndim > 0), None)
 
 
 def unwrap_net(pl_module: pl.LightningModule) -> torch.nn.Module:

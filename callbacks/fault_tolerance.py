@@ -1,8 +1,6 @@
 """Faults a fit meets, handled so that the run ends the way its record says: non-finite losses, GradScaler
 skips, SIGTERM, and ranks that fail under DDP."""
 
-from __future__ import annotations
-
 import atexit
 import signal
 import warnings
@@ -11,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from callbacks._glue import Measurement
@@ -41,14 +39,11 @@ class NonFiniteLossGuard(Measurement):
 
     def __init__(self, on_nonfinite: Literal["stop", "skip"] = "stop", max_skipped_steps: int | None = None) -> None:
         super().__init__()
-        if on_nonfinite not in ("stop", "skip"):
-            raise ValueError(f"NonFiniteLossGuard.on_nonfinite: {on_nonfinite!r}; valid: stop, skip")
         if max_skipped_steps is not None and max_skipped_steps < 0:
             raise ValueError(f"NonFiniteLossGuard.max_skipped_steps: must be >= 0 or null, got {max_skipped_steps}")
         self.on_nonfinite, self.max_skipped_steps = on_nonfinite, max_skipped_steps
-        self.skipped_steps = 0
         self.skipped_at: list[int] = []  # the first 100 skipped steps
-        self.diverged, self.diverged_at_step = False, None
+        self.skipped_steps, self.diverged, self.diverged_at_step = 0, False, None
         self._pending: list[_MicroBatch] = []
         self._buffers: list[torch.Tensor] = []  # skip: the module's buffers as the step found them
         self._scale_before: torch.Tensor | None = None
@@ -83,7 +78,7 @@ class NonFiniteLossGuard(Measurement):
             # The scale only goes down when the scaler skipped the step.
             self._scaler_skipped = self._scaler_skipped + (scale < self._scale_before).int()
         self._scale_before = None
-        if self.on_nonfinite == "stop" and (bad := self._first_nonfinite(trainer)) is not None:
+        if self.on_nonfinite != "skip" and (bad := self._first_nonfinite(trainer)) is not None:
             self._stop(bad, "")
 
     def _first_nonfinite(self, trainer) -> _MicroBatch | None:
@@ -94,9 +89,7 @@ class NonFiniteLossGuard(Measurement):
         all_finite = torch.stack([mb.finite for mb in pending]).all()
         if trainer.world_size > 1:
             all_finite = trainer.strategy.reduce((~all_finite).float(), reduce_op="sum") == 0
-        if bool(all_finite):
-            return None
-        return next((mb for mb in pending if not bool(mb.finite)), pending[0])
+        return None if bool(all_finite) else next((mb for mb in pending if not bool(mb.finite)), pending[0])
 
     def _stop(self, bad: _MicroBatch, why: str) -> None:
         what = "not finite on another rank" if bool(bad.finite) else f"{float(bad.loss.float().mean())}"
@@ -109,13 +102,11 @@ class NonFiniteLossGuard(Measurement):
         """Optimizer steps the GradScaler skipped (inf/NaN gradients); ``None`` when no GradScaler ran."""
         return int(self._scaler_skipped.item()) if isinstance(self._scaler_skipped, torch.Tensor) else None
 
-    def summary(self) -> dict[str, Any]:
-        return {"on_nonfinite": self.on_nonfinite, "diverged": self.diverged, "diverged_at_step": self.diverged_at_step,
-                "nonfinite_skipped_steps": self.skipped_steps, "nonfinite_skipped_at": list(self.skipped_at),
-                "scaler_skipped_steps": self.scaler_skipped_steps}
-
     def record_sections(self, trainer, pl_module) -> dict[str, dict]:
-        return {"faults": self.summary()}
+        return {"faults": {
+            "on_nonfinite": self.on_nonfinite, "diverged": self.diverged, "diverged_at_step": self.diverged_at_step,
+            "nonfinite_skipped_steps": self.skipped_steps, "nonfinite_skipped_at": list(self.skipped_at),
+            "scaler_skipped_steps": self.scaler_skipped_steps}}
 
     def state_dict(self) -> dict[str, Any]:
         return {"skipped_steps": self.skipped_steps, "skipped_at": list(self.skipped_at),
@@ -123,8 +114,8 @@ class NonFiniteLossGuard(Measurement):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.skipped_steps, self.skipped_at = state_dict["skipped_steps"], list(state_dict["skipped_at"])
-        scaler_skipped = state_dict["scaler_skipped_steps"]
-        self._scaler_skipped = torch.tensor(scaler_skipped) if scaler_skipped is not None else 0
+        scaler_skipped = state_dict["scaler_skipped_steps"]  # None: no GradScaler ran
+        self._scaler_skipped = 0 if scaler_skipped is None else torch.tensor(scaler_skipped)
 
 
 def _scale(trainer) -> torch.Tensor | None:
@@ -154,19 +145,13 @@ class GracefulStop(Callback):
     def on_exception(self, trainer, pl_module, exception) -> None:
         if isinstance(exception, SIGTERMException):
             exception.code = self.exit_code
-            folder = next((cb.dirpath for cb in trainer.callbacks if isinstance(cb, ModelCheckpoint)), None)
-            if folder is not None:
+            if (folder := getattr(trainer.checkpoint_callback, "dirpath", None)) is not None:
                 try:  # on every rank: it synchronizes them
                     trainer.save_checkpoint(Path(folder) / f"{self.filename}.ckpt", weights_only=False)
                 except Exception as err:  # the stop must still happen, and say why it has no checkpoint
                     warnings.warn(f"GracefulStop: no checkpoint on SIGTERM ({type(err).__name__}: {err})", stacklevel=2)
         if trainer.world_size > 1 and isinstance(exception, (SIGTERMException, NonFiniteLossError)):
             trainer.strategy.barrier("GracefulStop")
-        elif trainer.global_rank == 0 and (procs := list(getattr(trainer.strategy.launcher, "procs", None) or [])):
-            atexit.register(_kill_running, procs)
-
-
-def _kill_running(procs: list) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
+        elif trainer.global_rank == 0:
+            for proc in getattr(trainer.strategy.launcher, "procs", None) or ():
+                atexit.register(proc.kill)  # Popen.kill leaves a process that already exited alone

@@ -1,11 +1,4 @@
-"""Peak memory over a window of optimizer steps, and where it went on one step: ``mem/*`` (docs/measurement.md).
-
-On CUDA the allocator's peaks are reset when the window opens. On one step :class:`modelwright.measure.MemoryAnatomy`
-splits the tensors into categories at the step's peak; the capture spans its accumulation cycle and slows it, so the
-step timer leaves it out. On CPU, with no allocator peak, ``peak_allocated_mib`` is the capture's peak total.
-"""
-
-from __future__ import annotations
+"""Peak memory over a window of optimizer steps, and where it went on one step: ``mem/*`` (docs/measurement.md)."""
 
 import warnings
 from typing import Any
@@ -17,7 +10,10 @@ from modelwright import measure
 
 
 class MemoryMonitor(Measurement):
-    """Peak allocator memory over a window, and the tensor anatomy of one step.
+    """On CUDA the allocator's peaks are reset when the window opens. On one step
+    :class:`modelwright.measure.MemoryAnatomy` splits the tensors into categories at the step's peak; the capture spans
+    its accumulation cycle and slows it, so the step timer leaves it out. On CPU, with no allocator peak,
+    ``peak_allocated_mib`` is the capture's peak total.
 
     Args:
         warmup_steps: optimizer steps before the window opens.
@@ -30,15 +26,11 @@ class MemoryMonitor(Measurement):
     def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None, anatomy: bool = True,
                  anatomy_step: int | None = None, log_every_n_steps: int | None = None) -> None:
         super().__init__()
-        try:
-            self.window = measure.Window(warmup_steps, measure_steps)
-        except ValueError as err:
-            raise ValueError(f"MemoryMonitor.{err}") from None
+        self.window = measure.Window(warmup_steps, measure_steps)  # checks itself
         if anatomy_step is not None and anatomy_step < 0:
             raise ValueError(f"MemoryMonitor.anatomy_step: must be >= 0 or null, got {anatomy_step}")
-        self.warmup_steps, self.anatomy, self.anatomy_step = warmup_steps, anatomy, anatomy_step
-        self.log_every_n_steps, self._every = log_every_n_steps, 1
-        self.cycle, self.device = measure.StepCycle(), torch.device("cpu")
+        self.anatomy, self.anatomy_step, self.log_every_n_steps = anatomy, anatomy_step, log_every_n_steps
+        self.cycle, self.device, self._every = measure.StepCycle(), torch.device("cpu"), 1
         # What the window and the captured step measured (MiB; the anatomy by category), for the record.
         self.peak_allocated_mib = self.peak_reserved_mib = self.anatomy_mib = self.anatomy_end_mib = None
         self.captured_step = self.anatomy_caveat = self._capture_at = None
@@ -51,7 +43,7 @@ class MemoryMonitor(Measurement):
         self.device, self.cycle = pl_module.device, measure.StepCycle()
         self._every = log_every(trainer, self.log_every_n_steps)
         first = trainer.global_step  # not 0 when resuming from a checkpoint
-        self._capture_at = first + self.warmup_steps if self.anatomy_step is None else self.anatomy_step
+        self._capture_at = first + self.window.warmup_steps if self.anatomy_step is None else self.anatomy_step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if not self.cycle.begin(trainer.global_step):
@@ -59,7 +51,7 @@ class MemoryMonitor(Measurement):
                 self._tracker.next_micro_batch()
                 self._tracker.register(batch, "inputs")
             return
-        if self.cycle.cycles == self.warmup_steps:  # the step that begins now opens the window
+        if self.cycle.cycles == self.window.warmup_steps:  # the step that begins now opens the window
             measure.reset_peak_memory(self.device)
         if not self.anatomy or self.captured_step is not None or trainer.global_step != self._capture_at:
             return
@@ -120,5 +112,5 @@ class MemoryMonitor(Measurement):
             "peak_source": source if self.peak_allocated_mib is not None else None,
             "anatomy_step": self.captured_step, "anatomy_caveat": self.anatomy_caveat,
             "anatomy_mib": self.anatomy_mib, "anatomy_end_mib": self.anatomy_end_mib,
-            "rss_peak_mib": measure.process_rss_peak_mib(), "window_warmup_steps": self.warmup_steps,
+            "rss_peak_mib": measure.process_rss_peak_mib(), "window_warmup_steps": self.window.warmup_steps,
         }}

@@ -1,7 +1,5 @@
 """Lightning's model summary with the FLOPs this project measures: training FLOPs per micro-batch, per layer."""
 
-from __future__ import annotations
-
 import warnings
 
 import torch
@@ -15,16 +13,13 @@ from modelwright.measure import meta_copy
 
 
 class FlopsModelSummary(ModelSummary):
-    """The layer table of Lightning's ``ModelSummary`` (``max_depth`` as its), FLOPs from a meta-device count.
-
-    Lightning's counts only a forward of ``example_input_array`` on the device (``0 Total Flops`` without one). This
-    counts a forward and backward of a meta-device copy of the network (nothing runs) on a micro-batch shaped
-    like the data: the figure the step timer divides by step time for MFU.
-    """
+    """Lightning's ``ModelSummary`` (``max_depth`` as its) counts a forward of ``example_input_array`` on the device
+    (``0 Total Flops`` without one); this counts a forward and backward of a meta-device copy of the network (nothing
+    runs) on a micro-batch shaped like the data: the figure the step timer divides by step time for MFU."""
 
     def _summary(self, trainer, pl_module) -> Summary:
         summary = Summary(pl_module, self._max_depth)  # Lightning's table, its FLOP counter filled here
-        counter = summary._flop_counter
+        counter, counts = summary._flop_counter, {}
         try:
             x = pl_module.example_input_array
             if not isinstance(x, torch.Tensor):  # a micro-batch of the first training sample: its shape is all
@@ -34,14 +29,12 @@ class FlopsModelSummary(ModelSummary):
             net = meta_copy(unwrap_net(pl_module)).train()
             with counter:  # entering it clears what an example_input_array forward counted
                 net(x.to("meta")).float().sum().backward()
+            # The summary names a layer "<LightningModule class>.net"; the counter saw the network as its root.
+            root, owner = type(net).__name__, f"{type(pl_module).__name__}.net"
+            counts = {(owner + name[len(root):] if name == root or name.startswith(root + ".") else name): ops
+                      for name, ops in counter.flop_counts.items()}
         except Exception as err:  # a sharded network (FSDP2 cannot be copied), no example: a table without FLOPs
             warnings.warn(f"FlopsModelSummary: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
-            counter.flop_counts.clear()
-            return summary
-        # The summary names a layer "<LightningModule class>.net"; the counter saw the network as its root.
-        root, owner = type(net).__name__, f"{type(pl_module).__name__}.net"
-        counts = {(owner + name[len(root):] if name == root or name.startswith(root + ".") else name): ops
-                  for name, ops in counter.flop_counts.items()}
         counter.flop_counts.clear()
         counter.flop_counts.update(counts)
         return summary

@@ -1,11 +1,7 @@
-"""A progress bar that redraws at most every ``min_interval_s`` seconds: Lightning's ``TQDMProgressBar`` redraws
-after every batch, at milliseconds a redraw; on the small CNN that was the whole of the Lightning loop's lead over a
-raw loop (``benchmarks/overhead.py --model smallcnn --epoch``). A ``refresh_rate`` of N batches would leave
-resnet18's steps of seconds without news; a clock does not. (tqdm's ``mininterval`` does not apply: Lightning calls
-``refresh()`` itself.)
-"""
-
-from __future__ import annotations
+"""A throttled progress bar: Lightning's ``TQDMProgressBar`` redraws after every batch, at milliseconds a redraw; on
+the small CNN that was the whole of the Lightning loop's lead over a raw loop (``benchmarks/overhead.py --model
+smallcnn --epoch``). A ``refresh_rate`` of N batches would leave resnet18's steps of seconds without news; a clock
+does not. (tqdm's ``mininterval`` does not apply: Lightning calls ``refresh()`` itself.)"""
 
 import time
 from collections.abc import Callable

@@ -1,14 +1,12 @@
 """One JSON record per run from every :class:`~callbacks._glue.Measurement`'s sections (docs/record-schema.md);
 global rank 0 writes it, prints a summary and puts it, with the memory anatomy, into TensorBoard. A fit that raises
-still leaves a record (``failed``, ``oom``, ``interrupted``, ``diverged``); a ``fast_dev_run`` writes none.
-"""
-
-from __future__ import annotations
+still leaves a record (``failed``, ``oom``, ``interrupted``, ``diverged``); a ``fast_dev_run`` writes none."""
 
 import math
 import os
 import time
 import warnings
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from callbacks._glue import batch_size_of, log_every, measurements, quiet_lightning, unwrap_net
+from callbacks._glue import first_tensor, log_every, measurements, quiet_lightning, unwrap_net
 from modelwright import measure
 from modelwright.record import ANATOMY_CATEGORIES, METRIC_KEYS, append_record, build_record, to_jsonable, write_record
 from modelwright.train.models import checkpointed_modules
@@ -67,7 +65,8 @@ class RunRecord(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._cycle.begin(trainer.global_step)
-        self._micro_batch_size = self._micro_batch_size or batch_size_of(batch)
+        if self._micro_batch_size is None and (x := first_tensor(batch)) is not None:
+            self._micro_batch_size = len(x)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._cycle.end(trainer.global_step) and self.history and trainer.global_step % self._every == 0:
@@ -107,38 +106,47 @@ class RunRecord(Callback):
             warnings.warn(f"RunRecord: could not write the record of a {status} run: {err}", stacklevel=2)
 
     def _write(self, trainer: pl.Trainer, record: dict[str, Any]) -> None:
+        # trainer.log_dir without its broadcast: this runs on rank 0 alone, where a collective would hang.
+        log_dir = (getattr(trainer.logger, "log_dir", None) or getattr(trainer.logger, "save_dir", None)
+                   or trainer.default_root_dir)
         if not trainer.fast_dev_run:
-            fill = {"log_dir": _log_dir(trainer), "run_id": record["run_id"]}
-            self.written_to = write_record(Path((self.record_path or "{log_dir}/record.json").format(**fill)), record)
+            fill = {"log_dir": log_dir, "run_id": record["run_id"]}
+            self.written_to = write_record((self.record_path or "{log_dir}/record.json").format(**fill), record)
             if self.records_jsonl:
-                append_record(Path(self.records_jsonl.format(**fill)), record)
-        if not self.summary:
-            return
-        writers = _tensorboards(trainer)
-        lines = _summary_lines(record, _relative(self.written_to), _relative(_log_dir(trainer)) if writers else None)
-        print("\n" + "\n".join(lines), flush=True)  # after the progress bar closed (on_train_end)
-        rows, step = _anatomy_rows(record["memory"]), trainer.global_step
-        for writer in writers:
-            writer.add_text("run/summary", "\n".join(f"    {line}" for line in lines), step)
-            if rows:
-                writer.add_text("mem/anatomy", "| category | MiB |\n|:--|--:|\n" + "".join(
-                    f"| {k} | {v:.1f} |\n" for k, v in rows), step)
-                writer.add_figure("mem/anatomy", _anatomy_figure(rows, record["memory"]["anatomy_step"]), step)
-            writer.flush()
+                append_record(self.records_jsonl.format(**fill), record)
+        if self.summary:
+            _report(record, _portable(self.written_to), _portable(log_dir), _tensorboards(trainer), trainer.global_step)
 
     def build(self, trainer, pl_module, status: str = "ok", error: str | None = None) -> dict[str, Any]:
         """The record of this run as it stands (JSON-ready, validated when written)."""
+        hp, net, strategy = dict(pl_module.hparams), unwrap_net(pl_module), type(trainer.strategy).__name__
         sections = {"timing": {"wall_time_s": None if self._t0 is None else time.perf_counter() - self._t0},
-                    "memory": {"model_parameters": sum(p.numel() for p in unwrap_net(pl_module).parameters())}}
+                    "memory": {"model_parameters": sum(p.numel() for p in net.parameters())}}
         for m in measurements(trainer):
             for name, values in m.record_sections(trainer, pl_module).items():
                 sections[name] = {**sections.get(name, {}), **values}
         if (sections.get("faults") or {}).get("diverged"):
             status = "diverged"
-        config = _resolved_config(trainer, pl_module)
+        # LightningCLI's resolved config (from its SaveConfigCallback), else the hyperparameters.
+        saver = next((cb for cb in trainer.callbacks if isinstance(cb, SaveConfigCallback)), None)
+        data = getattr(trainer.datamodule, "hparams", {})
+        config = _portable(to_jsonable(saver.config if saver else {"model": pl_module.hparams, "data": data}))
+        requested, channels_last = (config.get("trainer") or {}).get("precision"), measure.channels_last_applied(net)
+        micro = self._micro_batch_size
+        techniques = {
+            "model_name": hp.get("model_name"), "optimizer": hp.get("optimizer"), "compile": measure.is_compiled(net),
+            "precision": str(trainer.precision), "precision_requested": None if requested is None else str(requested),
+            "gradient_checkpointing": hp.get("gradient_checkpointing"),
+            "checkpointed_segments": len(checkpointed_modules(net)),
+            "optimizer_impl": measure.optimizer_impl(trainer.optimizers[0]) if trainer.optimizers else None,
+            "channels_last": channels_last if channels_last is not None else hp.get("channels_last"),
+            "strategy": _STRATEGY_NAMES.get(strategy, strategy.removesuffix("Strategy").lower()),
+            "strategy_class": strategy, "world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
+            "micro_batch_size": micro, "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "effective_batch_size": micro * trainer.accumulate_grad_batches * trainer.world_size if micro else None,
+        }
         record = build_record(
-            loop="lightning", status=status, error=error, run_id=self.run_id, config=config,
-            techniques=_techniques(trainer, pl_module, config, self._micro_batch_size),
+            loop="lightning", status=status, error=error, run_id=self.run_id, config=config, techniques=techniques,
             hardware=measure.hardware_info(pl_module.device, num_devices=trainer.num_devices),
             versions=measure.versions(), history={k: list(v) for k, v in self._history.items()}, **sections,
             metrics={k: _scalar(v) for k, v in trainer.callback_metrics.items() if not k.startswith(("perf/", "mem/"))},
@@ -147,75 +155,34 @@ class RunRecord(Callback):
         return record
 
 
-def _techniques(trainer: pl.Trainer, pl_module: pl.LightningModule, config: dict, micro: int | None) -> dict[str, Any]:
-    hp, net = dict(pl_module.hparams), unwrap_net(pl_module)
-    requested = (config.get("trainer") or {}).get("precision")
-    accumulate, strategy = trainer.accumulate_grad_batches, type(trainer.strategy).__name__
-    channels_last = measure.channels_last_applied(net)
-    return {
-        "model_name": hp.get("model_name"), "optimizer": hp.get("optimizer"),
-        "precision": str(trainer.precision), "precision_requested": None if requested is None else str(requested),
-        "gradient_checkpointing": hp.get("gradient_checkpointing"),
-        "checkpointed_segments": len(checkpointed_modules(net)),
-        "optimizer_impl": measure.optimizer_impl(trainer.optimizers[0]) if trainer.optimizers else None,
-        "channels_last": channels_last if channels_last is not None else hp.get("channels_last"),
-        "compile": measure.is_compiled(net),
-        "strategy": _STRATEGY_NAMES.get(strategy, strategy.removesuffix("Strategy").lower()),
-        "strategy_class": strategy, "world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
-        "micro_batch_size": micro, "accumulate_grad_batches": accumulate,
-        "effective_batch_size": micro * accumulate * trainer.world_size if micro else None,
-    }
-
-
-def _resolved_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-    """LightningCLI's resolved config (from its SaveConfigCallback), else the hyperparameters."""
-    saver = next((cb for cb in trainer.callbacks if isinstance(cb, SaveConfigCallback)), None)
-    config = to_jsonable(getattr(saver, "config", None))
-    if not isinstance(config, dict):
-        data = getattr(trainer.datamodule, "hparams", {})
-        config = to_jsonable({"model": dict(pl_module.hparams), "data": dict(data)})
-    return _portable(config, os.getcwd() + os.sep)
-
-
-def _portable(value: Any, cwd: str) -> Any:
+def _portable(value: Any, cwd: str | None = None) -> Any:
     """The config without jsonargparse's ``__`` keys, paths inside the working directory made relative:
     records are committed and compared across machines and must not name this machine's folders."""
+    cwd = cwd or os.getcwd() + os.sep
     if isinstance(value, dict):
         return {k: _portable(v, cwd) for k, v in value.items() if not str(k).startswith("__")}
     if isinstance(value, list):
         return [_portable(v, cwd) for v in value]
-    return value[len(cwd):] if isinstance(value, str) and value.startswith(cwd) else value
+    return str(value)[len(cwd):] if isinstance(value, (str, Path)) and str(value).startswith(cwd) else value
 
 
 def _scalar(value: Any) -> float | None:  # a logged metric: a number or a one-element tensor
     return None if value is None else float(value)
 
 
-def _log_dir(trainer: pl.Trainer) -> str:
-    """``trainer.log_dir`` without its broadcast: this runs on rank 0 alone, where a collective would hang."""
-    logger = trainer.logger
-    return getattr(logger, "log_dir", None) or getattr(logger, "save_dir", None) or trainer.default_root_dir
-
-
-def _relative(path: str | Path | None) -> str | None:  # inside the working directory: shorter to read and to copy
-    path, cwd = None if path is None else Path(path).resolve(), Path.cwd()
-    return None if path is None else str(path.relative_to(cwd) if path.is_relative_to(cwd) else path)
-
-
 def _tensorboards(trainer: pl.Trainer) -> list:
     return [lg.experiment for lg in trainer.loggers if isinstance(lg, TensorBoardLogger)]
 
 
-def _anatomy_rows(memory: dict[str, Any], top: int | None = None) -> list[tuple[str, float]]:
-    anatomy = memory.get("anatomy_mib") or {}
-    return sorted(((k, v) for k, v in anatomy.items() if k in ANATOMY_CATEGORIES and v), key=lambda kv: -kv[1])[:top]
-
-
-def _summary_lines(record: dict[str, Any], record_path: str | None, log_dir: str | None) -> list[str]:
+def _report(record: dict[str, Any], record_path: str | None, log_dir: str, writers: list, step: int) -> None:
+    """Prints the run's summary (after the progress bar closed, in on_train_end) and puts it into TensorBoard, with
+    the memory anatomy as a table and as one stacked bar at the captured step's peak."""
     from modelwright.report.fmt import pct, sig
 
     tech, timing, flops, memory = (record.get(k) or {} for k in ("techniques", "timing", "flops", "memory"))
-    top = ", ".join(f"{k} {sig(v)}" for k, v in _anatomy_rows(memory, 3))
+    rows = sorted(((k, v) for k, v in (memory.get("anatomy_mib") or {}).items() if k in ANATOMY_CATEGORIES and v),
+                  key=lambda kv: -kv[1])
+    top = ", ".join(f"{k} {sig(v)}" for k, v in rows[:3])
     peak_source = flops.get("peak_flops_source")
     lines = [
         f"technique   {tech.get('precision')}, micro-batch {tech.get('micro_batch_size')} x accumulate "
@@ -230,20 +197,21 @@ def _summary_lines(record: dict[str, Any], record_path: str | None, log_dir: str
         f"MFU         {pct(flops.get('mfu'))} of {sig((flops.get('peak_flops_per_s') or 0) / 1e12)} TFLOP/s "
         f"({peak_source}: {flops.get('peak_flops_method')})" if peak_source else "MFU         – (no peak FLOP/s)",
         f"record      {record_path or 'not written (fast_dev_run)'}",
-    ] + ([f"tensorboard uv run tensorboard --logdir {log_dir}"] if log_dir else [])
+    ] + ([f"tensorboard uv run tensorboard --logdir {log_dir}"] if writers else [])
     error = f" ({record['error']})" if record.get("error") else ""
-    return [f"Run {record.get('run_id')}: {record.get('status')}{error}", *("  " + line for line in lines)]
+    lines = [f"Run {record.get('run_id')}: {record.get('status')}{error}", *("  " + line for line in lines)]
+    print("\n" + "\n".join(lines), flush=True)
+    for writer in writers:
+        writer.add_text("run/summary", "\n".join(f"    {line}" for line in lines), step)
+        if rows:
+            from matplotlib.figure import Figure  # no pyplot: no GUI backend, nothing global changed
 
-
-def _anatomy_figure(rows: list[tuple[str, float]], step: int | None):  # one stacked bar, at the captured step's peak
-    from matplotlib.figure import Figure  # no pyplot: no GUI backend, nothing global changed
-
-    fig = Figure(figsize=(7, 1.8), layout="constrained")
-    ax = fig.add_subplot()
-    left = 0.0
-    for name, mib in rows:
-        ax.barh(0, mib, left=left, label=f"{name} {mib:.1f}")
-        left += mib
-    ax.set(yticks=[], xlabel="MiB", title=f"memory at the peak of step {step}")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=4, fontsize="small", frameon=False)
-    return fig
+            writer.add_text("mem/anatomy", "| category | MiB |\n|:--|--:|\n" + "".join(
+                f"| {k} | {v:.1f} |\n" for k, v in rows), step)
+            ax = Figure(figsize=(7, 1.8), layout="constrained").add_subplot()
+            for (name, mib), left in zip(rows, accumulate((v for _, v in rows), initial=0.0), strict=False):
+                ax.barh(0, mib, left=left, label=f"{name} {mib:.1f}")
+            ax.set(yticks=[], xlabel="MiB", title=f"memory at the peak of step {memory.get('anatomy_step')}")
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.6), ncol=4, fontsize="small", frameon=False)
+            writer.add_figure("mem/anatomy", ax.figure, step)
+        writer.flush()

@@ -1,13 +1,6 @@
-"""Step time over a window of optimizer steps, throughput, FLOPs and MFU: ``perf/*`` (docs/measurement.md).
+"""Step time over a window of optimizer steps, throughput, FLOPs and MFU: ``perf/*`` (docs/measurement.md)."""
 
-A step spans all micro-batches of one optimizer step; steps another :class:`~callbacks._glue.Measurement` disturbs
-are left out. Lightning's ``ThroughputMonitor`` gives running means only; the record needs a window's median and p90.
-FLOPs are model FLOPs (no recomputation), counted before the first step is timed. MFU's peak is ``peak_flops_per_s``
-if set, else :func:`modelwright.measure.hardware_peak`, else Lightning's GPU table.
-"""
-
-from __future__ import annotations
-
+import contextlib
 import math
 import warnings
 from typing import Literal
@@ -15,12 +8,15 @@ from typing import Literal
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 
-from callbacks._glue import Measurement, batch_size_of, first_tensor, log_every, log_scalars, measurements, unwrap_net
+from callbacks._glue import Measurement, first_tensor, log_every, log_scalars, measurements, unwrap_net
 from modelwright import measure
 
 
 class StepTimeMonitor(Measurement):
-    """Median and p90 step time, samples per second, FLOPs per step and MFU over a window of optimizer steps.
+    """A step spans all micro-batches of one optimizer step; steps another :class:`~callbacks._glue.Measurement`
+    disturbs are left out. Lightning's ``ThroughputMonitor`` gives running means only; the record needs a window's
+    median and p90. FLOPs are model FLOPs (no recomputation), counted before the first step is timed. MFU's peak is
+    ``peak_flops_per_s`` if set, else :func:`modelwright.measure.hardware_peak`, else Lightning's GPU table.
 
     Args:
         warmup_steps: first optimizer steps not measured (allocator, cuDNN and compile warm-up).
@@ -36,10 +32,7 @@ class StepTimeMonitor(Measurement):
         super().__init__()
         if peak_flops_per_s is not None and peak_flops_per_s <= 0:
             raise ValueError(f"StepTimeMonitor.peak_flops_per_s: must be positive or null, got {peak_flops_per_s}")
-        try:
-            self.timer = measure.StepTimer(warmup_steps, measure_steps)
-        except ValueError as err:
-            raise ValueError(f"StepTimeMonitor: {err}") from None
+        self.timer = measure.StepTimer(warmup_steps, measure_steps)  # checks the window
         self.warmup_steps, self.measure_steps, self.log_every_n_steps = warmup_steps, measure_steps, log_every_n_steps
         self.cuda_timing, self.peak_flops_per_s_config = cuda_timing, peak_flops_per_s
         self.cycle, self.dtype, self._every = measure.StepCycle(), torch.float32, 1
@@ -50,10 +43,8 @@ class StepTimeMonitor(Measurement):
     def setup(self, trainer, pl_module, stage) -> None:
         # FLOPs are counted on a meta copy of the network made before the strategy shards it: FSDP2's sharded modules
         # cannot be copied. Checkpointing, compile and memory format applied later change no model FLOP.
-        try:
+        with contextlib.suppress(Exception):  # else counted on the network itself, when the first step starts
             self._meta_net = measure.meta_copy(unwrap_net(pl_module))
-        except Exception:
-            self._meta_net = None
 
     def on_train_start(self, trainer, pl_module) -> None:
         device = pl_module.device
@@ -63,34 +54,27 @@ class StepTimeMonitor(Measurement):
             self.timer = measure.StepTimer(self.warmup_steps, self.measure_steps, sync=measure.device_sync(device))
         self.cycle, self._every = measure.StepCycle(), log_every(trainer, self.log_every_n_steps)
         self.dtype = measure.compute_dtype(trainer.precision)
-        # One process per machine may measure the CPU clock (cached); the others would share its cores: they wait.
-        if trainer.local_rank > 0:
-            trainer.strategy.barrier("modelwright-peak-flops")
-        self.peak = self._peak(device)
-        if trainer.local_rank == 0 and trainer.world_size > 1:
-            trainer.strategy.barrier("modelwright-peak-flops")
-
-    def _peak(self, device: torch.device) -> tuple[float | None, str | None, str | None]:
         if self.peak_flops_per_s_config:
-            return float(self.peak_flops_per_s_config), "config", "StepTimeMonitor.peak_flops_per_s"
+            self.peak = (float(self.peak_flops_per_s_config), "config", "StepTimeMonitor.peak_flops_per_s")
+            return
+        # The record and loggers are rank 0's: the other processes need no peak (nor measure the CPU clock beside it).
+        if not trainer.is_global_zero:
+            return
         try:
-            peak = measure.hardware_peak(device, self.dtype)
-            table = None if peak.flops_per_s else get_available_flops(device, self.dtype)
+            self.peak = measure.hardware_peak(device, self.dtype)
+            if not self.peak.flops_per_s and (table := get_available_flops(device, self.dtype)):
+                self.peak = (float(table), "lightning-table", "Lightning's get_available_flops")
         except Exception as err:  # MFU is a nicety; it must not stop a run
             warnings.warn(f"StepTimeMonitor: no peak FLOP/s ({type(err).__name__}: {err})", stacklevel=2)
-            return None, None, None
-        if table:
-            return float(table), "lightning-table", "Lightning's get_available_flops"
-        return peak.flops_per_s, peak.source, peak.method
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if not self.cycle.begin(trainer.global_step):
             return
-        if self.samples_per_step is None and (micro := batch_size_of(batch)) is not None:  # before the clock starts
-            self.samples_per_step = micro * trainer.accumulate_grad_batches * trainer.world_size
+        if self.samples_per_step is None and (x := first_tensor(batch)) is not None:  # before the clock starts
+            self.samples_per_step = len(x) * trainer.accumulate_grad_batches * trainer.world_size
             net = self._meta_net if self._meta_net is not None else unwrap_net(pl_module)
             try:
-                self.flops_per_micro_batch = measure.training_flops(net, first_tensor(batch))
+                self.flops_per_micro_batch = measure.training_flops(net, x)
                 self.flops_per_step = self.flops_per_micro_batch * trainer.accumulate_grad_batches
             except Exception as err:
                 warnings.warn(f"StepTimeMonitor: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)

@@ -23,7 +23,6 @@ from modelwright.measure import (
     meta_copy,
     mfu,
     percentile,
-    resolve_peak_flops,
     training_flops,
 )
 from modelwright.measure import flops as flops_mod
@@ -471,9 +470,8 @@ def test_cpu_hardware_peak_is_cores_times_flop_per_cycle_times_clock(monkeypatch
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # SMT siblings share a core's FMA units
     assert hardware_peak("cpu", torch.float32).flops_per_s == pytest.approx(233.6e9)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # a DDP rank on half the cores
-    assert hardware_peak("cpu", torch.float32).flops_per_s == pytest.approx(116.8e9)
-    assert resolve_peak_flops("cpu", torch.float32, config_value=1e11) == (1e11, "config")
-    assert resolve_peak_flops("cpu", torch.float32) == (pytest.approx(116.8e9), "cpu-isa-clock")
+    peak = hardware_peak("cpu", torch.float32)
+    assert (peak.flops_per_s, peak.source) == (pytest.approx(116.8e9), "cpu-isa-clock")
 
 
 def test_the_clock_cache_carries_its_method_and_definitions(monkeypatch, tmp_path):
@@ -509,7 +507,7 @@ def gpu(monkeypatch):
     def pretend(name: str, capability=(9, 0), matmul="highest", cudnn_tf32=False):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-        monkeypatch.setattr(flops_mod, "device_name", lambda device: name)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
         monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: matmul)
         monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", cudnn_tf32)
 
@@ -531,8 +529,8 @@ def test_gpu_peak_is_the_dense_datasheet_figure_with_tf32_stated(gpu):
     assert hardware_peak("cuda", torch.float32).flops_per_s == 15.7e12  # no TF32 before Ampere
     for unknown in ("NVIDIA L40S", "NVIDIA H100 NVL"):
         gpu(unknown)
-        assert hardware_peak("cuda", torch.bfloat16).flops_per_s is None
-    assert resolve_peak_flops("cuda", torch.bfloat16) == (None, None)
+        peak = hardware_peak("cuda", torch.bfloat16)
+        assert (peak.flops_per_s, peak.source) == (None, None) and unknown in peak.method
 
 
 def test_hardware_and_versions_cover_the_schema():

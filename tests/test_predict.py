@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from modelwright.measure import MemoryAnatomy
 from modelwright.measure.profile import profile_step
-from modelwright.planner import largest_batch, options, predict_peak_mib, recommend
+from modelwright.planner import largest_batch, options, predict_peak_mib, recommend, slowdowns
 from modelwright.train.models import apply_gradient_checkpointing, build_model, checkpoint_segments
 from modelwright.train.module import build_optimizer
 
@@ -117,13 +117,22 @@ def test_largest_batch_fits_and_a_few_percent_more_does_not(profile):
     assert measure_peak_mib({**BASE, "data.batch_size": best + max(1, best // 20)}) > budget
 
 
-def _study(name: str, ms: float) -> dict:
-    return {"run_id": f"{name}-r0", "status": "ok", "study": {"name": name}, "timing": {"step_time_median_ms": ms}}
+def _study(name: str, ms: float, repeat: int = 0) -> dict:
+    return {"run_id": f"{name}-r{repeat}", "status": "ok", "timing": {"step_time_median_ms": ms},
+            "study": {"name": name, "kind": "run", "repeat": repeat, "config_hash": name}}
 
 
 #: Slowdowns as a study on this kind of CPU shows them (bf16 without AVX512-BF16 is slow); inputs of the advisor.
 STUDY = [_study("baseline", 100), _study("amp", 300), _study("accumulate", 105),
          _study("checkpointing-stage", 120), _study("checkpointing-block", 130)]
+
+
+def test_slowdowns_are_medians_over_the_repeats_as_in_the_study_table():
+    records = [_study("baseline", ms, i) for i, ms in enumerate((100, 90, 110))]
+    records += [_study("accumulate", ms, i) for i, ms in enumerate((100, 130, 95))]
+    slow, base = slowdowns(records)
+    assert base == 100
+    assert slow == {"accumulate": (pytest.approx(1.0), "accumulate, 3 repeats")}
 
 
 @pytest.mark.parametrize("budget_mib", [50.0, 30.0])

@@ -289,7 +289,7 @@ def test_gradscaler_skipped_steps_are_counted_from_the_scale():
         guard.on_train_batch_end(trainer, None, None, None, 0)
     assert guard.scaler_skipped_steps == 2
     assert torch.allclose(param, torch.full((3,), 0.8)), "two of the four steps updated the parameter"
-    assert guard.summary()["scaler_skipped_steps"] == 2 and guard.skipped_steps == 0
+    assert guard.record_sections(trainer, None)["faults"]["scaler_skipped_steps"] == 2 and guard.skipped_steps == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the GradScaler runs with 16-mixed on CUDA")

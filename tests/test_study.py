@@ -40,7 +40,7 @@ def _write(path: Path, text: str) -> Path:
 
 
 def test_default_plan_keeps_the_core_rows_and_measures_noise():
-    default = plan.load_plan(plan.DEFAULT_PLAN)
+    default = plan.load_plan(REPO_ROOT / "configs/study/plan_default.yaml")
     names = [e.name for e in default.entries]
     assert names[0] == "baseline"
     assert {"baseline", "amp", "accumulate", "checkpointing-block", "all", "ddp"} <= set(names)
@@ -133,10 +133,10 @@ def test_patch_callbacks_needs_the_run_record():
 
 def test_failures_are_classified_and_summarised():
     output = "Seed set to 0\nTraceback (most recent call last):\n  File x\nRuntimeError: boom happened\nextra\n"
-    assert runner.error_line(output, 1) == "exit status 1: RuntimeError: boom happened"
-    assert runner.error_line("", -9) == "killed by signal 9"
-    assert runner.classify_failure("torch.OutOfMemoryError: CUDA out of memory.", 1) == "oom"
-    assert runner.classify_failure("", -9) == "oom" and runner.classify_failure("ValueError: no", 1) == "failed"
+    assert runner.diagnose(output, 1) == ("failed", "exit status 1: RuntimeError: boom happened")
+    assert runner.diagnose("", -9) == ("oom", "killed by signal 9")
+    assert runner.diagnose("torch.OutOfMemoryError: CUDA out of memory.", 1)[0] == "oom"
+    assert runner.diagnose("ValueError: no", 1) == ("failed", "exit status 1: ValueError: no")
 
 
 def test_slugs():
@@ -222,7 +222,7 @@ def test_a_run_writes_its_prediction_before_it_starts(tmp_path, monkeypatch):
         seen["env"] = env["MODELWRIGHT_COMMAND"]
         log_path.write_text("")
         (log_path.parent / "record.json").write_text(json.dumps(_fake_record(8, 1, 1.0)))
-        return 0, False
+        return 0, False, 0.1
 
     monkeypatch.setattr(runner, "run_child", fake_child)
     record = study.run(spec, runner.Progress(1))

@@ -10,11 +10,8 @@ CONFIGS_DIR = REPO_ROOT / "configs"
 
 
 def resolve_config_args(argv: list[str]) -> list[str]:
-    """``argv`` with each ``--config`` value made a readable YAML file, or a one-line error naming it.
-
-    A bare name resolves to ``configs/<name>`` or ``configs/<name>.yaml`` (``--config amp`` is ``configs/amp.yaml``);
-    a file that is not valid YAML is named with its line (jsonargparse's own message does not name it).
-    """
+    """``argv`` with each ``--config`` value a readable YAML file (``--config amp`` is ``configs/amp.yaml``), or a
+    one-line error naming it and, for invalid YAML, its line (jsonargparse's own message names neither)."""
     out = list(argv)
     for i, arg in enumerate(out):
         if arg in ("--config", "-c") and i + 1 < len(out):

@@ -1,47 +1,35 @@
-"""To run: ``uv run python -m modelwright <tool> --help`` with a tool of :data:`TOOLS`.
-
-Each tool is a typed function whose signature and docstring jsonargparse turns into flags and a ``--config`` file.
-Only the chosen tool's module is imported, so a bad flag is reported before torch loads where the tool allows.
-A user's error is one line on stderr and exit status 2.
-"""
-
-from __future__ import annotations
+"""``uv run python -m modelwright <tool> --help``, a tool of :data:`TOOLS`: jsonargparse turns its typed function into
+flags and a ``--config`` file. Only the chosen tool's module is imported, so a bad flag is reported before torch loads
+where the tool allows; a user's error is one line on stderr and exit status 2."""
 
 import argparse
 import importlib
 import os
 import sys
 
-#: tool → "module:function".
-TOOLS = {
-    "study": "modelwright.study:study",
-    "report": "modelwright.report:report",
-    "plan": "modelwright.planner:plan",
-    "accelerate": "modelwright.loops.accelerate:accelerate",
-}
+from jsonargparse import CLI
+
+from modelwright import resolve_config_args
+from modelwright.errors import ConfigError, one_line
+
+#: tool → the module whose function of the tool's name it runs.
+TOOLS = {"study": "modelwright.study", "report": "modelwright.report", "plan": "modelwright.planner",
+         "accelerate": "modelwright.loops.accelerate"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    from modelwright.errors import ConfigError, one_line
-
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in TOOLS:
         given = f" (got {argv[0]!r})" if argv and not argv[0].startswith("-") else ""
         print(f"usage: python -m modelwright {{{','.join(TOOLS)}}} [--help]{given}", file=sys.stderr)
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     name, rest = argv[0], argv[1:]
-    module_name, func_name = TOOLS[name].split(":")
-    module = importlib.import_module(module_name)
+    module = importlib.import_module(TOOLS[name])
     try:
         if name == "accelerate":  # reads the training configs: --config amp is configs/amp.yaml, as for main.py
-            from modelwright import resolve_config_args
-
             rest = resolve_config_args(rest)
-        from jsonargparse import CLI
-
-        kwargs = getattr(module, "PARSER_KWARGS", {})  # e.g. the Accelerate loop's default config file
-        status = CLI(getattr(module, func_name), args=rest, prog=f"python -m modelwright {name}", exit_on_error=False,
-                     **kwargs)
+        status = CLI(getattr(module, name), args=rest, prog=f"python -m modelwright {name}", exit_on_error=False,
+                     **getattr(module, "PARSER_KWARGS", {}))  # e.g. the Accelerate loop's default config file
         return status if isinstance(status, int) else 0  # the Accelerate loop returns its network and record
     except (ConfigError, argparse.ArgumentError) as err:
         if os.environ.get("MODELWRIGHT_DEBUG") == "1":

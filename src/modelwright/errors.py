@@ -1,7 +1,5 @@
 """Errors that are the user's to fix: reported as one line naming the key or file, never as a traceback."""
 
-from __future__ import annotations
-
 import argparse
 import re
 

@@ -35,9 +35,7 @@ def _f(doc: str, unit: str | None = None, *, choices: tuple | None = None, signe
        key: str | None = None, optional: bool = False, default: Any = None) -> Any:
     """A schema field; ``key``: its JSON name if not its own; a class ``default`` is a factory."""
     meta = {"doc": doc, "unit": unit, "choices": choices, "signed": signed, "key": key, "optional": optional}
-    if isinstance(default, type):
-        return dataclasses.field(default_factory=default, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+    return dataclasses.field(**{"default_factory" if isinstance(default, type) else "default": default}, metadata=meta)
 
 
 @dataclasses.dataclass
@@ -243,8 +241,6 @@ def validate_record(record: Any) -> list[str]:
         return [f"record: expected an object, got {type(record).__name__}"]
     errors: list[str] = []
     _check("", record, RunRecord, errors)
-    if any(e.startswith("schema_version") for e in errors):
-        return errors
     history = record.get("history")
     for name, points in history.items() if isinstance(history, Mapping) else ():
         for i, point in enumerate(points if isinstance(points, list) else [None]):
@@ -262,10 +258,11 @@ def validate_record(record: Any) -> list[str]:
     return errors
 
 
-def check_record(record: Any) -> None:
-    """Raise :class:`RecordError` listing every problem if ``record`` does not match the schema."""
+def check_record(record: Any) -> Any:
+    """``record``, or :class:`RecordError` listing every problem if it does not match the schema."""
     if errors := validate_record(record):
         raise RecordError("invalid run record:\n" + "\n".join(errors))
+    return record
 
 
 def get_path(mapping: Any, path: str, default: Any = None) -> Any:
@@ -341,9 +338,7 @@ def to_jsonable(obj: Any) -> Any:
 
 def _dumps(record: Mapping, validate: bool, indent: int | None = None) -> str:
     data = to_jsonable(record)
-    if validate:
-        check_record(data)
-    return json.dumps(data, indent=indent, allow_nan=False, ensure_ascii=False)
+    return json.dumps(check_record(data) if validate else data, indent=indent, allow_nan=False, ensure_ascii=False)
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
@@ -397,9 +392,7 @@ def append_record(jsonl_path: str | os.PathLike, record: Mapping, validate: bool
 
 def read_record(path: str | os.PathLike, validate: bool = True) -> dict[str, Any]:
     record = json.loads(Path(path).read_text(encoding="utf-8"))
-    if validate:
-        check_record(record)
-    return record
+    return check_record(record) if validate else record
 
 
 def read_records(jsonl_path: str | os.PathLike, validate: bool = False) -> list[dict[str, Any]]:

@@ -3,11 +3,8 @@
 To run: ``uv run python -m modelwright accelerate --config configs/amp.yaml`` (N processes: docs/accelerate.md).
 """
 
-from __future__ import annotations
-
 import math
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -158,7 +155,7 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
 
     try:
         net.train()
-        while epoch < max_epochs or max_epochs == -1:
+        while (epoch < max_epochs or max_epochs == -1) and status == "ok" and step != t.max_steps:
             validate_epoch = (epoch + 1) % t.check_val_every_n_epoch == 0
             for batch_idx, (x, y) in enumerate(train_loader):
                 if m.channels_last:
@@ -210,8 +207,6 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
                 if status != "ok" or step == t.max_steps or batch_idx + 1 == train_batches:
                     break
             epoch += 1
-            if status != "ok" or step == t.max_steps:
-                break
     except BaseException as err:
         status, error = measure.error_status(err), measure.one_line_error(err)
         raise
@@ -275,12 +270,8 @@ def evaluate(accelerator: Accelerator, net: torch.nn.Module, loader, batches: in
     return {"val/loss": loss.item(), "val/acc": multiclass_accuracy(logits, labels, num_classes=m.num_classes).item()}
 
 
-def main(args: list[str] | None = None) -> int:
+def main(args: list[str]) -> int:
     """``python -m modelwright accelerate ARGS`` (base.yaml loaded first); returns the exit status."""
     from modelwright.__main__ import main as tool_main
 
-    return tool_main(["accelerate", *(sys.argv[1:] if args is None else args)])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return tool_main(["accelerate", *args])

@@ -9,7 +9,7 @@ from modelwright.measure.facts import (
     optimizer_impl,
     versions,
 )
-from modelwright.measure.flops import compute_dtype, hardware_peak, meta_copy, mfu, resolve_peak_flops, training_flops
+from modelwright.measure.flops import compute_dtype, hardware_peak, meta_copy, mfu, training_flops
 from modelwright.measure.memory import (
     AnatomyUnavailable,
     MemoryAnatomy,
@@ -24,5 +24,5 @@ __all__ = [
     "MIB", "AnatomyUnavailable", "CudaEventTimer", "MemoryAnatomy", "StepCycle", "StepTimer", "Window",
     "channels_last_applied", "compute_dtype", "device_sync", "error_status", "hardware_info", "hardware_peak",
     "is_compiled", "meta_copy", "mfu", "one_line_error", "optimizer_impl", "peak_memory_mib", "percentile",
-    "process_rss_peak_mib", "reset_peak_memory", "resolve_peak_flops", "training_flops", "versions",
+    "process_rss_peak_mib", "reset_peak_memory", "training_flops", "versions",
 ]

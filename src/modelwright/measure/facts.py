@@ -1,7 +1,6 @@
 """The conditions to state with every number: hardware, versions, techniques as applied, how a run ended."""
 
-from __future__ import annotations
-
+import contextlib
 import functools
 import os
 import platform
@@ -39,24 +38,19 @@ def cpu_model() -> str:
     return cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown"
 
 
-def device_name(device: torch.device | str | None) -> str:
-    device = torch.device(device or "cpu")
-    if cuda_device(device) is not None:
-        return torch.cuda.get_device_name(device)
-    return cpu_model() if device.type == "cpu" else device.type
-
-
 def hardware_info(device: torch.device | str | None = None, num_devices: int | None = None) -> dict[str, Any]:
     """The record's ``hardware`` section for ``device`` (default: CUDA if present, else CPU), with the logical
     CPUs this process may run on (``cpu_cores_available``) and the machine's RAM (``host_memory_mib``)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MIB
-    gpu = cuda_device(device)
+    if cuda_device(device) is not None:
+        name, memory = torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).total_memory / MIB
+    else:
+        name, memory = (cpu_model(), host) if device.type == "cpu" else (device.type, None)
     return {
         "accelerator": device.type,
-        "device_name": device_name(device),
-        "device_memory_mib": torch.cuda.get_device_properties(gpu).total_memory / MIB if gpu is not None
-        else host if device.type == "cpu" else None,
+        "device_name": name,
+        "device_memory_mib": memory,
         "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "cpu_cores_available": available_cpus(),
@@ -67,10 +61,9 @@ def hardware_info(device: torch.device | str | None = None, num_devices: int | N
 
 def versions() -> dict[str, str | None]:
     def dist(name: str) -> str | None:
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return None
+        return None
 
     return {
         "python": platform.python_version(),

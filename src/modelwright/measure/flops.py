@@ -1,9 +1,9 @@
 """FLOPs of a training step, the hardware's peak FLOP/s (never a kernel's), and MFU = achieved ÷ peak."""
 
-from __future__ import annotations
-
 import copy
+import ctypes
 import json
+import mmap
 import os
 import platform
 import re
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from modelwright.measure.facts import available_cpus, cpu_model, cpuinfo, cuda_device, device_name
+from modelwright.measure.facts import available_cpus, cpu_model, cpuinfo, cuda_device
 from modelwright.record import DEFINITIONS_VERSION, write_text_atomic
 
 
@@ -29,10 +29,9 @@ def meta_copy(module: nn.Module) -> nn.Module:
     # nn.Module.compile() keeps its compiled call on the instance.
     memo: dict[int, Any] = {id(m.__dict__["_compiled_call_impl"]): None for m in module.modules()
                             if m.__dict__.get("_compiled_call_impl") is not None}
-    for p in module.parameters():
-        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-    for b in module.buffers():
-        memo[id(b)] = torch.empty_like(b, device="meta")
+    for t in [*module.parameters(), *module.buffers()]:
+        meta = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
     copied = copy.deepcopy(module, memo)
     for sub in copied.modules():
         sub.__dict__.pop("forward", None)
@@ -86,7 +85,7 @@ _GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
 
 
 def _gpu_peak(device: torch.device, dtype: torch.dtype) -> PeakFlops:
-    name = device_name(device)
+    name = torch.cuda.get_device_name(device)
     table = next((peaks for pattern, peaks in _GPU_PEAKS if re.search(pattern, name.lower())), {})
     key, note = str(dtype).removeprefix("torch."), ""
     if dtype is torch.float32 and torch.cuda.get_device_capability(device) >= (8, 0):
@@ -134,9 +133,6 @@ def _timed_add_loop_hz(iterations: int = 2_000_000, repeats: int = 5) -> float |
     """The core's clock from a chain of dependent integer adds, timed in thread CPU time (load-proof); x86-64 only."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
         return None
-    import ctypes
-    import mmap
-
     try:
         page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
     except (OSError, ValueError, AttributeError):  # a system that refuses executable pages
@@ -144,16 +140,14 @@ def _timed_add_loop_hz(iterations: int = 2_000_000, repeats: int = 5) -> float |
     page.write(_ADD_LOOP)
     cbuf = ctypes.c_char.from_buffer(page)
     loop = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_uint64)(ctypes.addressof(cbuf))
-    for _ in range(10):  # let the core reach its running clock
-        loop(iterations)
-    best = float("inf")
-    for _ in range(repeats):
+    seconds = []
+    for _ in range(10 + repeats):  # the first 10 let the core reach its running clock
         t0 = time.thread_time()
         loop(iterations)
-        best = min(best, time.thread_time() - t0)
+        seconds.append(time.thread_time() - t0)
     del loop, cbuf
     page.close()
-    return iterations * _X86_ADDS / best
+    return iterations * _X86_ADDS / min(seconds[10:])
 
 
 def cpu_clock_hz() -> tuple[float | None, str]:
@@ -198,12 +192,3 @@ def hardware_peak(device: torch.device | str | None, dtype: torch.dtype = torch.
     name = str(dtype).removeprefix("torch.")
     return PeakFlops(cores * per_cycle * hz, "cpu-isa-clock",
                      f"{cores} cores x {per_cycle} {name} FLOP/cycle ({isa}) x {hz / 1e9:.2f} GHz ({how})")
-
-
-def resolve_peak_flops(device: torch.device | str, dtype: torch.dtype,
-                       config_value: float | None = None) -> tuple[float | None, str | None]:
-    """``(peak, source)``: ``config_value`` if given, else :func:`hardware_peak`."""
-    if config_value:
-        return float(config_value), "config"
-    peak = hardware_peak(device, dtype)
-    return peak.flops_per_s, peak.source

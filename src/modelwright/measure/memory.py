@@ -1,7 +1,5 @@
 """Peak memory: the CUDA allocator's window, process RSS, and the tensor anatomy of one step."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import resource
@@ -70,9 +68,7 @@ class MemoryAnatomy:
         self.explicit_optimizer_update = explicit_optimizer_update
         self._tracker: Any = None
         self._pending: list[tuple[torch.Tensor, str]] = []
-        self.peak_bytes: dict[str, int] | None = None
-        self.end_bytes: dict[str, int] | None = None
-        self.caveat: str | None = None
+        self.peak_bytes = self.end_bytes = self.caveat = None  # set by start() and stop()
 
     @property
     def active(self) -> bool:
@@ -117,12 +113,12 @@ class MemoryAnatomy:
         if self._tracker is not None:
             self._tracker.reset_mod_stats()
 
-    def stop(self) -> dict[str, float] | None:
+    def stop(self) -> None:
         tracker, self._tracker = self._tracker, None
-        if tracker is None:
-            if self.caveat is not None:
-                return None
+        if tracker is None and self.caveat is None:
             raise RuntimeError("MemoryAnatomy.stop() without start()")
+        if tracker is None:  # not measured (compiled)
+            return
         try:
             end, peak = tracker.get_tracker_snapshot("current"), tracker.get_tracker_snapshot("peak")
         finally:
@@ -132,7 +128,6 @@ class MemoryAnatomy:
         if left > MIB:
             self.caveat = (f"{left / MIB:.1f} MiB of activations alive after the step (limit 1 MiB): "
                            "tensors that outlive the step were counted as activations")
-        return self.peak_mib()
 
     @contextlib.contextmanager
     def capture(self, modules: nn.Module | Iterable[nn.Module], optimizers: Iterable[Any] = ()) -> Iterator[Any]:

@@ -4,8 +4,6 @@ that saved it) by dtype and kind (``batch``, ``fixed``: per-channel, ``param``, 
 to 16 bits, ``input``: the batch), MemTracker's figures at its backward peak, and its checkpoint segments.
 """
 
-from __future__ import annotations
-
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -104,6 +102,5 @@ def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
                      for g, mods in segments.items()},
         "parameters": sum(p.numel() for p in model.parameters()),
         "largest_param_bytes": max(p.numel() * p.element_size() for p in model.parameters()),
-        "peak_bytes": {k: peak[k] for k in ("parameters", "buffers", "gradients", "optimizer_state", "activations",
-                                            "temporaries", "total")},
+        "peak_bytes": {k: v for k, v in peak.items() if k not in ("comm_buffers", "inputs", "other")},
     }

@@ -1,7 +1,5 @@
 """Step timing: the one warm-up/window rule, the step timer (host clock or CUDA events), micro-batch grouping."""
 
-from __future__ import annotations
-
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -52,9 +50,8 @@ class StepTimer:
                  clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None) -> None:
         self.window = Window(warmup_steps, measure_steps)
         self.clock, self.sync = clock, sync or (lambda: None)
-        self.steps_seen = 0  # steps stopped, measured or not
+        self.steps_seen, self._t0 = 0, None  # steps stopped, measured or not; the running step's start
         self._durations_s: list[float] = []
-        self._t0: Any = None
 
     def in_window(self, step_index: int | None = None) -> bool:
         """Whether step ``step_index`` (0-based; default: the next one) is in the measured window."""

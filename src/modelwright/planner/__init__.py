@@ -1,15 +1,8 @@
 """The planner: per-rank memory (:mod:`.memory`), communication, step time and cost at N devices (:mod:`.scale`), and
-the advisor for a memory budget. Every figure printed is labelled measured (with its run id) or assumed (its source).
-
-To run: ``uv run python -m modelwright plan --record results/<hw>/records.jsonl [--devices [1,8,64]]`` (scaling
-tables) or ``... plan --budget_gib 16 --model resnet18 --batch 512`` (the advisor, from a profiled baseline).
-"""
-
-from __future__ import annotations
+the advisor for a memory budget. Every figure printed is labelled measured (with its run id) or assumed (its source)."""
 
 import dataclasses
 import itertools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
@@ -20,9 +13,9 @@ from jsonargparse.typing import ClosedUnitInterval, PositiveFloat, PositiveInt
 
 from modelwright.errors import ConfigError, require
 from modelwright.planner import memory
-from modelwright.planner.memory import MIB, _cfg, largest_batch, predict_peak_mib
+from modelwright.planner.memory import MIB, _cfg, largest_batch, param_state_bytes, predict_peak_mib
 from modelwright.planner.scale import DEFAULT_PRICES, Assumptions, markdown_tables, predict_step, spec_from_record
-from modelwright.record import get_path, read_records
+from modelwright.record import get_path, read_record, read_records
 from modelwright.report.fmt import sig, table
 
 __all__ = ["Assumptions", "advise", "largest_batch", "markdown_tables", "options", "plan", "predict_peak_mib",
@@ -41,12 +34,14 @@ class Option(NamedTuple):
 
 
 def slowdowns(records: Sequence[Mapping]) -> tuple[dict[str, tuple[float, str]], float | None]:
-    """Each technique's measured step time over the baseline's, with its run id (``{"block": (1.31, id)}``), and
-    the baseline's step time in ms (None without one)."""
-    ms = {get_path(r, "study.name"): (get_path(r, "timing.step_time_median_ms"), r.get("run_id")) for r in records
-          if r.get("status") == "ok" and get_path(r, "timing.step_time_median_ms")}
-    base = ms.get("baseline", (None,))[0]
-    return {t: (ms[run][0] / base, ms[run][1]) for t, run in TECHNIQUE_RUNS.items() if base and run in ms}, base
+    """Each technique's measured slowdown over the baseline, as the study's table has it (medians over the repeats
+    of each run's latest config), with where it comes from, and the baseline's step ms (or None)."""
+    from modelwright.report.tables import build_rows  # here: report.tables imports the planner too
+
+    rows = {r.name: r for r in build_rows(records) if r.ok and r.v["step_ms"]}
+    base = rows["baseline"].v["step_ms"] if "baseline" in rows else None
+    return {t: (rows[run].v["step_ms"] / base, f"{run}, {rows[run].v['repeats']} repeats")
+            for t, run in TECHNIQUE_RUNS.items() if base and run in rows}, base
 
 
 def options(profile_record: Mapping, config: Mapping, batch: int, records: Sequence[Mapping] = ()) -> list[Option]:
@@ -70,13 +65,10 @@ def options(profile_record: Mapping, config: Mapping, batch: int, records: Seque
 def shardings(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float) -> list[tuple[str, int, float]]:
     """The fewest ranks at which ZeRO-1, ZeRO-2 and FSDP2 fit ``budget_mib`` (per-rank batch = batch / N)."""
     psi = profile_record.get("profile", profile_record)["parameters"]
-    state = memory.param_state_bytes(str(_cfg(config, "trainer.precision", "32-true")),
-                                     str(_cfg(config, "model.optimizer", "adamw")))
+    state = param_state_bytes(_cfg(config, "trainer.precision", "32-true"), _cfg(config, "model.optimizer", "adamw"))
     full, found = memory.state_bytes_per_rank(psi, state, "dp", 1), []
     for name in ("zero1", "zero2", "fsdp"):
-        for n in (2, 4, 8, 16, 32, 64, 128, 256, 512):
-            if batch % n:
-                break
+        for n in (n for n in (2, 4, 8, 16, 32, 64, 128, 256, 512) if batch % n == 0):
             cfg = {**config, "data.batch_size": batch // n}
             if name == "fsdp":
                 fsdp = {**cfg, "trainer.strategy": "fsdp", "trainer.devices": n}
@@ -100,7 +92,7 @@ def advise(profile_record: Mapping, config: Mapping, batch: int, budget_mib: flo
            records: Sequence[Mapping] = (), budget_label: str = "") -> str:
     """Markdown: every option with its predicted peak and step time, and the recommendation (or the sharding)."""
     opts, (slow, _) = options(profile_record, config, batch, records), slowdowns(records)
-    fit = [o for o in opts if o.peak_mib <= budget_mib]
+    best = next((o for o in opts if o.peak_mib <= budget_mib), None)
     times = ("predicted from measured slowdowns: " + ", ".join(f"{t} {sig(f, 2)}× ({rid})" for t, (f, rid) in
                                                               slow.items())) if slow else "unknown (no study records)"
     lines = [f"Budget {sig(budget_mib / 1024)} GiB{budget_label}; batch {batch}; peaks predicted from the profile of "
@@ -109,14 +101,12 @@ def advise(profile_record: Mapping, config: Mapping, batch: int, budget_mib: flo
                    [[o.precision, o.accumulate, o.checkpointing, sig(o.peak_mib),
                      sig(o.step_ms, 3, " ms") if o.step_ms else "unknown", "yes" if o.peak_mib <= budget_mib else "no"]
                     for o in opts]), ""]
-    if fit:
-        lines.append(f"Recommended: {fit[0].precision}, {fit[0].accumulate} × {fit[0].checkpointing} — predicted "
-                     f"peak {sig(fit[0].peak_mib)} MiB.")
-    else:
-        lines.append("Nothing fits one device. " + ("; ".join(
-            f"{name} over {n} ranks fits ({sig(p)} MiB per rank)" for name, n, p in
-            shardings(profile_record, config, batch, budget_mib)) or "No sharding up to 512."))
-    return "\n".join(lines)
+    if best:
+        return "\n".join([*lines, f"Recommended: {best.precision}, {best.accumulate} × {best.checkpointing} — "
+                                  f"predicted peak {sig(best.peak_mib)} MiB."])
+    return "\n".join([*lines, "Nothing fits one device. " + ("; ".join(
+        f"{name} over {n} ranks fits ({sig(p)} MiB per rank)" for name, n, p in
+        shardings(profile_record, config, batch, budget_mib)) or "No sharding up to 512.")])
 
 
 def plan(record: Path | None = None, run_id: str | None = None, model: str | None = None,
@@ -141,21 +131,18 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
         gpu_step_time_ms: a GPU step time to plan with instead of the record's.
         price_cpu_step_time: price a CPU record's step time at GPU rates anyway.
         epochs: epochs of the priced job.
-        dataset_size: samples per epoch.
-    """
+        dataset_size: samples per epoch."""
     require(device in DEFAULT_PRICES, f"--device: unknown {device!r}; valid: {', '.join(DEFAULT_PRICES)}")
-    if record is None:
-        # The newest study that profiled its baseline (the advisor needs the profile), else the newest at all.
-        found = sorted(Path("results").glob("*/records.jsonl"),
-                       key=lambda f: ((f.parent / "profile.json").is_file(), f.stat().st_mtime))
-        require(bool(found), "--record: no results/*/records.jsonl to read; run `python -m modelwright study`")
-        record = found[-1]
+    # Default: the newest study that profiled its baseline (the advisor needs the profile), else the newest at all.
+    record = record or max(Path("results").glob("*/records.jsonl"), default=None,
+                           key=lambda f: ((f.parent / "profile.json").is_file(), f.stat().st_mtime))
+    require(record is not None, "--record: no results/*/records.jsonl to read; run `python -m modelwright study`")
     require(Path(record).is_file(), f"--record: no such file {str(record)!r}")
     records = read_records(Path(record))
     ok = [r for r in records if r.get("status") == "ok" and model in (None, get_path(r, "techniques.model_name"))]
     if run_id is not None:
         matches = [r for r in records if str(r.get("run_id")) == run_id]
-    else:
+    else:  # the single-device baseline, a profiled one first
         matches = [r for r in ok if int(get_path(r, "techniques.world_size", 1) or 1) == 1]
         matches.sort(key=lambda r: ("profile" not in r, get_path(r, "study.name") != "baseline"))
     require(bool(matches), f"--record: no {'record ' + run_id if run_id else 'ok single-device record'}"
@@ -165,7 +152,7 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
         profile = rec
         if "profile" not in rec:  # the study's profile.json beside the records, if it is of this record's model
             with suppress(OSError, ValueError):
-                profile = json.loads(Path(record).with_name("profile.json").read_text(encoding="utf-8"))
+                profile = read_record(Path(record).with_name("profile.json"), validate=False)
         same = get_path(profile, "techniques.model_name") == get_path(rec, "techniques.model_name")
         require("profile" in profile and same, f"--record: run {rec.get('run_id')} has no profile and there is no "
                 "profile.json of its model beside the records; run the study (it profiles the baseline) first")

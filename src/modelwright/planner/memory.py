@@ -1,12 +1,11 @@
 """Memory per rank: bytes per parameter, ZeRO/FSDP sharding, and the peak of a step predicted from one profile."""
 
-from __future__ import annotations
-
+import bisect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from modelwright.errors import ConfigError, require
+from modelwright.errors import require
 from modelwright.record import get_path
 
 MIB = 2**20
@@ -33,8 +32,7 @@ _ALIASES = {"32": "32-true", "bf16": "bf16-mixed", "16": "16-mixed", "playbook":
 @dataclass(frozen=True)
 class ParamStateBytes:
     """Bytes per parameter as ZeRO shards them: ``weights`` (ZeRO-3), ``gradients`` (an fp32 accumulation buffer
-    included; ZeRO-2), ``optimizer`` (fp32 master weights included, ZeRO's k; ZeRO-1); ``grad_comm`` on the wire.
-    32-true AdamW: 4 + 4 + 8 = 16; the ZeRO paper's mixed-precision Adam (``playbook-mixed``): 2 + 2 + 12 = 16."""
+    included; ZeRO-2), ``optimizer`` (fp32 master weights included, ZeRO's k; ZeRO-1); ``grad_comm`` on the wire."""
 
     weights: float
     gradients: float
@@ -81,12 +79,9 @@ def _cfg(config: Mapping, key: str, default: object = None) -> object:
 
 
 def predict_peak_mib(profile_record: Mapping, config: Mapping) -> dict[str, float]:
-    """The peak tensor memory (MiB by category, and ``total``) of one rank's step under ``config`` (nested or dotted
-    keys), from a record with a ``profile`` of one fp32 step (:func:`modelwright.measure.profile.profile_step`), or
-    the profile itself. The backward pass is replayed: at each module's backward peak the live memory is parameters
-    + optimizer state + the gradients made so far + the saved tensors not yet released + the temporaries measured
-    there, each rescaled for batch, precision, accumulation, strategy, devices, optimizer and checkpointing. DDP's
-    gradient buckets are ``comm_buffers``; FSDP2's gathered blocks (running and prefetched) are in ``parameters``."""
+    """One rank's peak tensor memory (MiB by category, and ``total``) under ``config`` (docs/distributed.md), from the
+    ``profile`` of one fp32 step (or a record holding it), by replaying backward: at each module's peak, parameters +
+    optimizer state + gradients so far + saved tensors not yet released + temporaries there, rescaled for ``config``."""
     prof = profile_record.get("profile", profile_record)
     require(isinstance(prof, Mapping) and "units" in prof, "profile_record: has no 'profile' (profile a baseline step)")
     precision = normalize("precision", _cfg(config, "trainer.precision", "32-true"))
@@ -160,15 +155,8 @@ def predict_peak_mib(profile_record: Mapping, config: Mapping) -> dict[str, floa
 
 def largest_batch(profile_record: Mapping, config: Mapping, budget_mib: float) -> int:
     """The largest per-rank micro-batch whose predicted peak fits ``budget_mib`` (0 if not even one sample)."""
-    def fits(b: int) -> bool:
-        return predict_peak_mib(profile_record, {**config, "data.batch_size": b})["total"] <= budget_mib
-
-    lo, hi = 0, 1  # fits(lo) (trivially for 0), and hi is the next batch to try
-    while fits(hi):
-        lo, hi = hi, hi * 2
-        if lo > 2**24:
-            raise ConfigError("budget_mib: fits more than 16 M samples; is the budget in MiB?")
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    # The peak grows with the batch, so the batches up to 2^25 that fit come first: count them by bisection.
+    best = bisect.bisect_left(range(1, 2**25 + 1), True, key=lambda b: predict_peak_mib(
+        profile_record, {**config, "data.batch_size": b})["total"] > budget_mib)
+    require(best < 2**25, "budget_mib: fits more than 16 M samples; is the budget in MiB?")
+    return best

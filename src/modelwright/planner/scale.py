@@ -1,10 +1,6 @@
-"""Communication, step time and cost of DP, ZeRO-1/2/3 (FSDP), TP and PP at N devices, from one measured device.
-
-A step is one optimizer step; communication is the bytes one rank sends, at NCCL's bus bandwidth (so a ring's
-2(N-1)/N is in the volume). DP and ZeRO scale weakly: per-device batch fixed, compute = the measured step.
-"""
-
-from __future__ import annotations
+"""Communication, step time and cost of DP, ZeRO-1/2/3 (FSDP), TP and PP at N devices, from one measured device. A
+step is one optimizer step; communication is the bytes one rank sends, at NCCL's bus bandwidth (so a ring's 2(N-1)/N
+is in the volume). DP and ZeRO scale weakly: per-device batch fixed, compute = the measured step."""
 
 import math
 from collections.abc import Mapping, Sequence
@@ -16,10 +12,9 @@ from modelwright.report.fmt import count, duration, sig, table, usd
 
 STRATEGY_LABELS = {"dp": "DP (DDP)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "ZeRO-3 / FSDP", "tp": "TP",
                    "pp": "PP"}
-_LISTINGS = "third-party GPU cloud listings (2026-05)"
-#: USD per device-hour, (low, high, dated source): prices move.
-DEFAULT_PRICES = {"A100 80GB": (1.10, 3.00, _LISTINGS), "H100 SXM": (2.50, 5.00, _LISTINGS),
-                  "H200": (3.50, 7.00, _LISTINGS)}
+#: USD per device-hour (low, high) in the dated source: prices move.
+DEFAULT_PRICES = {"A100 80GB": (1.10, 3.00), "H100 SXM": (2.50, 5.00), "H200": (3.50, 7.00)}
+PRICE_SOURCE = "third-party GPU cloud listings (2026-05)"
 _NDR = "one 400 Gb/s NDR InfiniBand port per GPU (DGX H100)"
 #: Per-GPU link rates in GB/s, one direction: (NVLink/NVSwitch inside a node, InfiniBand between nodes, source).
 FABRICS = {
@@ -35,24 +30,20 @@ BACKWARD_SHARE = 2 / 3  # backward ≈ 2 × forward FLOPs (the 6·N·tokens rule
 
 @dataclass(frozen=True)
 class Assumptions:
-    """What is not measured. A group larger than ``gpus_per_node`` crosses InfiniBand; None takes the ``device``'s
-    fabric, the low end of its price listing, and 4 × stages pipeline micro-batches; ``overlap_fraction`` is the
-    share of the backward pass communication can hide behind."""
+    """What is not measured; None takes the ``device``'s fabric, the low end of its price listing."""
 
     device: str = "H100 SXM"
-    gpus_per_node: int = 8
+    gpus_per_node: int = 8  # a larger group crosses InfiniBand
     intra_node_gb_per_s: float | None = None
     inter_node_gb_per_s: float | None = None
-    overlap_fraction: float = 1.0
+    overlap_fraction: float = 1.0  # the share of the backward pass communication can hide behind
     usd_per_device_hour: float | None = None
     device_memory_gib: float = 80.0
-    pp_microbatches: int | None = None
+    pp_microbatches: int | None = None  # None: 4 × stages
 
     def bandwidth(self, devices: int) -> float:
-        """Bus bandwidth (GB/s) of a collective over ``devices`` ranks: NVLink inside a node, else InfiniBand."""
-        intra, inter, _ = FABRICS[self.device]
-        return (self.intra_node_gb_per_s or intra) if devices <= self.gpus_per_node else (
-            self.inter_node_gb_per_s or inter)
+        nvlink, ib, _ = FABRICS[self.device]
+        return (self.intra_node_gb_per_s or nvlink) if devices <= self.gpus_per_node else self.inter_node_gb_per_s or ib
 
     def microbatches(self, stages: int) -> int:
         return self.pp_microbatches or 4 * stages
@@ -60,9 +51,7 @@ class Assumptions:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A training job as measured on one device. ``num_layers`` (blocks a pipeline can cut between) and
-    ``min_width`` (the narrowest layer's channels, the most TP can split it) None: unknown, not planned;
-    ``boundary_bytes_per_sample``: the largest activation crossing a block boundary (PP and TP traffic)."""
+    """A training job as measured on one device; ``num_layers``/``min_width`` None: unknown, not planned."""
 
     num_params: int
     precision: str = "32-true"
@@ -73,28 +62,25 @@ class JobSpec:
     temporaries_bytes: float = 0.0
     step_time_ms: float = 0.0
     step_time_source: str = ""
-    num_layers: int | None = None
-    min_width: int | None = None
-    boundary_bytes_per_sample: float = 0.0
+    num_layers: int | None = None  # blocks a pipeline can cut between
+    min_width: int | None = None  # the narrowest layer's channels, the most TP can split it
+    boundary_bytes_per_sample: float = 0.0  # the largest activation crossing a block boundary (PP and TP traffic)
     model_name: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "precision", normalize("precision", self.precision))
-        object.__setattr__(self, "optimizer", normalize("optimizer", self.optimizer))
+        for key in ("precision", "optimizer"):
+            object.__setattr__(self, key, normalize(key, getattr(self, key)))
 
-    @property
-    def state(self):
-        return param_state_bytes(self.precision, self.optimizer)
+    state = property(lambda self: param_state_bytes(self.precision, self.optimizer))
 
 
 def spec_from_record(record: Mapping) -> JobSpec:
-    """A :class:`JobSpec` from a single-device run record, its step time labelled as measured in that run; a
-    KeyError names a missing required key."""
+    """A :class:`JobSpec` from a single-device run record, its step time labelled as measured in that run."""
     need = ("techniques.micro_batch_size", "techniques.optimizer", "techniques.precision", "memory.model_parameters",
             "memory.anatomy_mib.activations", "timing.step_time_median_ms")
-    if missing := [k for k in need if get_path(record, k) is None]:
-        raise KeyError(f"record is missing {missing[0]!r}")
-    micro, optimizer, precision, params, activations, step_ms = (get_path(record, k) for k in need)
+    micro, optimizer, precision, params, activations, step_ms = values = [get_path(record, k) for k in need]
+    if None in values:  # a KeyError naming the first required key missing
+        raise KeyError(f"record is missing {need[values.index(None)]!r}")
     if optimizer == "sgd" and get_path(record, "config.model.momentum") in (0, 0.0):
         optimizer = "sgd-nomomentum"
     prof, shape = record.get("profile"), {}
@@ -105,11 +91,10 @@ def spec_from_record(record: Mapping) -> JobSpec:
     return JobSpec(
         num_params=int(params), precision=str(precision), optimizer=str(optimizer), micro_batch_size=int(micro),
         accumulate_grad_batches=int(get_path(record, "techniques.accumulate_grad_batches", 1) or 1),
-        activation_bytes_per_sample=float(activations) * MIB / int(micro),
+        activation_bytes_per_sample=float(activations) * MIB / int(micro), step_time_ms=float(step_ms), **shape,
         temporaries_bytes=float(get_path(record, "memory.anatomy_mib.temporaries") or 0.0) * MIB,
-        step_time_ms=float(step_ms), model_name=str(get_path(record, "techniques.model_name", "") or ""),
-        step_time_source=f"measured, run {record.get('run_id', '?')} on "
-        f"{get_path(record, 'hardware.device_name', '?')}", **shape)
+        model_name=str(get_path(record, "techniques.model_name", "") or ""), step_time_source=f"measured, run "
+        f"{record.get('run_id', '?')} on {get_path(record, 'hardware.device_name', '?')}")
 
 
 def pipeline_bubble_fraction(stages: int, microbatches: int, interleave: int = 1) -> float:
@@ -133,14 +118,12 @@ def cannot_split(spec: JobSpec, strategy: str, devices: int, a: Assumptions) -> 
 
 
 def comm_bytes_per_step(spec: JobSpec, strategy: str, devices: int, assumptions: Assumptions | None = None) -> float:
-    """Bytes one rank sends per optimizer step (Ψ params, c grad bytes and w weight bytes on the wire, r micro-batches).
-
+    """Bytes one rank sends per optimizer step (Ψ params, c grad bytes and w weight bytes on the wire, r micro-batches):
     DP ``2cΨ(N-1)/N`` (``no_sync`` while accumulating); ZeRO-1 ``(c+w)Ψ(N-1)/N``; ZeRO-2 ``(rc+w)Ψ(N-1)/N``;
     ZeRO-3/FSDP ``r(2w+c)Ψ(N-1)/N`` with w = 2 under mixed precision (FSDP gathers 16-bit weights,
     ``MixedPrecisionPolicy(param_dtype=bf16)``, gradients reduced in fp32); TP: the boundary activation ring
     all-reduced twice forward and twice backward per block; PP: one boundary activation and its gradient per
-    micro-batch.
-    """
+    micro-batch."""
     s, n = normalize("strategy", strategy), int(devices)
     if n == 1:
         return 0.0
@@ -155,7 +138,7 @@ def comm_bytes_per_step(spec: JobSpec, strategy: str, devices: int, assumptions:
 
 @dataclass(frozen=True)
 class StepPrediction:
-    """One (strategy, devices) pair; times per optimizer step; ``unsplittable``: why it cannot be built."""
+    """One (strategy, devices) pair; times per optimizer step."""
 
     strategy: str
     devices: int
@@ -167,7 +150,7 @@ class StepPrediction:
     samples_per_step: int
     samples_per_s: float
     fits: bool
-    unsplittable: str | None = None
+    unsplittable: str | None = None  # why this strategy cannot be built for the model, or None
 
 
 def predict_memory_mib(spec: JobSpec, strategy: str, devices: int, assumptions: Assumptions | None = None):
@@ -184,19 +167,16 @@ def predict_memory_mib(spec: JobSpec, strategy: str, devices: int, assumptions: 
 
 
 def predict_step(spec: JobSpec, strategy: str, devices: int, assumptions: Assumptions | None = None) -> StepPrediction:
-    """Memory, communication, step time and throughput for ``strategy`` at ``devices`` ranks. DP/ZeRO: compute = the
-    measured step, samples = N × batch; TP: compute / N; PP: m micro-batches through N stages, compute
-    ``m·t_micro/N·(1+bubble)``. Communication hides behind ``overlap_fraction`` of the backward pass."""
+    """Memory, communication, step time and throughput for ``strategy`` at ``devices`` ranks. Compute: DP/ZeRO the
+    measured step on N × the batch; TP the step / N; PP m micro-batches through N stages, ``m·t_micro/N·(1+bubble)``."""
     a, s, n = assumptions or Assumptions(), normalize("strategy", strategy), int(devices)
-    comm = comm_bytes_per_step(spec, s, n, a)
-    comm_s = comm / (a.bandwidth(n) * 1e9)
+    comm_s = (comm := comm_bytes_per_step(spec, s, n, a)) / (a.bandwidth(n) * 1e9)  # bus bandwidth in GB/s
     per_rank, compute, bubble = spec.micro_batch_size * spec.accumulate_grad_batches, spec.step_time_ms / 1000, 0.0
     samples = n * per_rank
     if s == "tp":
         compute, samples = compute / n, per_rank
     elif s == "pp":
-        m = a.microbatches(n)
-        bubble = pipeline_bubble_fraction(n, m)
+        bubble = pipeline_bubble_fraction(n, m := a.microbatches(n))
         compute, samples = m * compute / spec.accumulate_grad_batches / n * (1 + bubble), m * spec.micro_batch_size
     hidden = a.overlap_fraction * BACKWARD_SHARE * compute if s not in ("tp", "pp") else 0.0
     step, memory = compute + max(0.0, comm_s - hidden), predict_memory_mib(spec, s, n, a)
@@ -210,10 +190,10 @@ def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64), assumpti
     """The scaling tables: per-rank memory, communication, step time and cost, largest model that fits. A strategy
     that cannot split this model says why; ``priced=False`` leaves cost out (a CPU step is not priced at GPU rates)."""
     a, st, est = assumptions or Assumptions(), spec.state, " (est.)"
-    low, high, source = DEFAULT_PRICES[a.device]
+    low, high = DEFAULT_PRICES[a.device]
     price_per_hour = a.usd_per_device_hour or low
     price = (f"${price_per_hour:.2f}/device-hour given" if a.usd_per_device_hour else
-             f"{a.device} ${low:.2f}–{high:.2f}/h, low end; {source}")
+             f"{a.device} ${low:.2f}–{high:.2f}/h, low end; {PRICE_SOURCE}")
     rows_mem, rows_time = [], []
     for s, n in ((s, n) for s in STRATEGIES for n in devices):
         p = predict_step(spec, s, n, a)
@@ -250,5 +230,4 @@ def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64), assumpti
                "train time", "cost"], rows_time),
         "", f"### Largest parameter count that fits {a.device_memory_gib:g} GiB per device", "",
         table(["strategy", *(f"N = {n}" for n in devices)],
-              [[STRATEGY_LABELS[s], *(count(max_params(s, n)) for n in devices)] for s in STRATEGIES[:4]]), "",
-    ])
+              [[STRATEGY_LABELS[s], *(count(max_params(s, n)) for n in devices)] for s in STRATEGIES[:4]]), ""])

@@ -1,10 +1,7 @@
 """The study's report: records → ``table.md``, ``summary.json`` and plots per results folder, and the generated
-sections of README.md and docs/*.md (:mod:`.readme`). The same records always give the same text.
-
-To run: ``uv run python -m modelwright report`` (every ``results/<hardware>/``; the study runs it at its end).
+sections of README.md and docs/*.md (:mod:`.readme`); the same records always give the same text. To run: ``uv run
+python -m modelwright report`` (every ``results/<hardware>/``; the study runs it at its end).
 """
-
-from __future__ import annotations
 
 import json
 from pathlib import Path
@@ -17,39 +14,32 @@ from modelwright.report.fmt import table
 from modelwright.report.plots import PLOTS, plot_all
 from modelwright.report.readme import Study, update
 
-__all__ = ["PLOTS", "generate", "render_table_md", "report", "summary"]
-
-NOTES = (
-    "Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyTorch's memory tracker over one step (it "
-    "sees eager code only: compiled runs are not measured). Step ms: the median over repeats of each repeat's median "
-    "optimizer step; a row is faster or slower only when its ratio leaves the baseline's min–max of those medians. "
-    "Train loss: the mean of the last logged steps, shown where a run has seen as many samples as the baseline. An "
-    "artifact in the anatomy: activations still held after the step."
-)
+NOTES = ("Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyTorch's memory tracker over one step "
+         "(it sees eager code only: compiled runs are not measured). Step ms: the median over repeats of each repeat's "
+         "median optimizer step; a row is faster or slower only when its ratio leaves the baseline's min–max of those "
+         "medians. Train loss: the mean of the last logged steps, shown where a run has seen as many samples as the "
+         "baseline. An artifact in the anatomy: activations still held after the step.")
 
 
 def render_table_md(study: Study) -> str:
-    """The whole ``table.md`` of one results folder."""
-    parts = [f"# Efficiency study: {study.slug}", "", study.header(), "", "## Memory and speed", "",
-             tables.main_table(study.rows, study.marks), "", NOTES, "", "## Memory anatomy (MiB)", "",
-             tables.anatomy_table(study.rows), ""]
-    if study.budget:
-        parts += [f"## Largest batch under {study.budget[0].budget_mib / 1024:g} GiB", "",
-                  tables.budget_table(study.budget), ""]
+    parts = [f"# Efficiency study: {study.slug}", study.header(), "## Memory and speed",
+             tables.main_table(study.rows, study.marks), NOTES, "## Memory anatomy (MiB)",
+             tables.anatomy_table(study.rows)]
+    if budget := study.budget:
+        parts += [f"## Largest batch under {budget[0].budget_mib / 1024:g} GiB", tables.budget_table(budget)]
     if failed := [[r.name, r.status, r.error or ""] for r in study.rows if not r.ok]:
-        parts += ["## Runs that did not finish", "", table(["run", "status", "error"], failed, "lll"), ""]
-    return "\n".join(parts)
+        parts += ["## Runs that did not finish", table(["run", "status", "error"], failed, "lll")]
+    return "\n\n".join(parts) + "\n"
 
 
 def summary(study: Study) -> dict:
     """A machine-readable digest of the table."""
-    runs = [{"name": r.name, "status": r.status, "model": r.model,
-             "reference": r.reference.name if r.reference else None}
+    runs = [{"name": r.name, "status": r.status, "model": r.model, "reference": r.reference and r.reference.name}
             | (dict(r.v, setup=tables.setup_text(r.records[0]), memory_vs_reference=r.vs("peak_mib"),
                     time_vs_reference=r.vs("step_ms"), verdict=r.verdict,
                     run_ids=[x.get("run_id") for x in r.records]) if r.ok else {"error": r.error})
             for r in study.rows]
-    budget = [{k: v for k, v in b.__dict__.items() if k != "records"} | {"fits": b.fits} for b in study.budget]
+    budget = [{k: v for k, v in b.__dict__.items() if k != "records"} for b in study.budget]
     return {"slug": study.slug, "runs": runs, "budget": budget, "process_time_s": study.wall_s,
             "provenance_groups": study.marks, "plots": [n for n in PLOTS if (study.folder / n).is_file()]}
 
@@ -81,10 +71,7 @@ def report(results: Path | None = None, readme: Path = Path("README.md"), docs: 
     require(bool(folders), f"{results}: no <hardware>/records.jsonl (run `python -m modelwright study` first)")
     written = [p for f in folders for p in generate(f, plots=plots, allow_mixed=allow_mixed)]
     readme = Path(readme) if Path(readme).is_absolute() or Path(readme).exists() else REPO_ROOT / readme
-    documents = [readme]
-    if docs:
-        documents += [d for d in sorted((readme.parent / "docs").glob("*.md")) if ":start -->" in d.read_text("utf-8")]
-    written += update(documents, results, allow_mixed)
-    for path in written:
-        print(path)
+    documents = sorted((readme.parent / "docs").glob("*.md")) if docs else []
+    written += update([readme, *(d for d in documents if ":start -->" in d.read_text("utf-8"))], results, allow_mixed)
+    print("\n".join(map(str, written)))
     return 0

@@ -1,9 +1,7 @@
-"""Rows from study records, and the markdown tables built from them.
-
-Per plan entry only the records of its latest resolved config (``study.config_hash``) count, so a changed plan
-replaces a row instead of mixing old and new measurements; their ``ok`` ones make the row (medians over repeats), an
-entry with none shows its last failure. Ratios are to the model's run named ``baseline`` (or ``*-baseline``), else
-its first run.
+"""Rows from study records, and the markdown tables built from them. Per plan entry only the records of its latest
+resolved config (``study.config_hash``) count, so a changed plan replaces a row instead of mixing old and new
+measurements; their ``ok`` ones make the row (medians over repeats), an entry with none shows its last failure.
+Ratios are to the model's run named ``baseline`` (or ``*-baseline``), else its first run.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ PUBLISHED_A100_FLOPS_PER_S = 32.3e15 / (7 * 60)
 
 
 def median(values: Sequence[Any]) -> float | None:
-    nums = [v for v in map(finite, values) if v is not None]
-    return statistics.median(nums) if nums else None
+    return statistics.median(nums) if (nums := [v for v in map(finite, values) if v is not None]) else None
 
 
 def div(a: float | None, b: float | None) -> float | None:
@@ -65,7 +62,6 @@ class Row:
     """One plan entry: the medians over its ``ok`` repeats, or its last failure."""
 
     name: str
-    index: int
     records: list[dict]
     status: str
     error: str | None = None
@@ -139,13 +135,11 @@ def build_rows(records: Sequence[dict]) -> list[Row]:
         plans.setdefault(last["study"].get("plan"), len(plans))  # plans in the order they were first run
         ok = [r for r in group if r["study"].get("config_hash") == last["study"].get("config_hash")
               and r.get("status") == "ok"]
-        index = int(last["study"].get("index", 0))
-        rows.append(Row(name, index, ok, "ok", v=_values(ok)) if ok
-                    else Row(name, index, [last], str(last.get("status")), error=last.get("error")))
-    rows.sort(key=lambda r: (plans[r.records[-1]["study"].get("plan")], r.index, r.name))
-    refs: dict[Any, Row] = {}
-    for row in sorted((r for r in rows if r.ok), key=lambda r: not re.fullmatch(r"(.*[-_])?baseline", r.name)):
-        refs.setdefault(row.model, row)
+        rows.append(Row(name, ok, "ok", v=_values(ok)) if ok
+                    else Row(name, [last], str(last.get("status")), error=last.get("error")))
+    rows.sort(key=lambda r: (plans[r.records[-1]["study"].get("plan")], r.records[-1]["study"].get("index", 0), r.name))
+    ranked = sorted((r for r in rows if r.ok), key=lambda r: not re.fullmatch(r"(.*[-_])?baseline", r.name))
+    refs = {row.model: row for row in reversed(ranked)}  # the first per model wins: its baseline, else its first run
     for row in rows:
         row.reference = refs.get(row.model)
     return rows
@@ -205,10 +199,7 @@ class BudgetRow:
     vs_reference: float | None = None
     over_batch: int | None = None  # the run at batch + a few percent, which must exceed the budget
     over_mib: float | None = None
-
-    @property
-    def fits(self) -> bool:
-        return self.measured_mib is not None and self.measured_mib <= self.budget_mib
+    fits: bool = False  # confirmed under the budget by a measured peak
 
 
 def build_budget_rows(records: Sequence[dict], rows: Sequence[Row]) -> list[BudgetRow]:
@@ -225,6 +216,7 @@ def build_budget_rows(records: Sequence[dict], rows: Sequence[Row]) -> list[Budg
         b = BudgetRow(name, float(s["budget_mib"]), s.get("predicted_batch"), finite(s.get("predicted_peak_mib")),
                       peak_mib(last) if last.get("status") == "ok" else None, str(last.get("status")), len(series),
                       sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in series), series)
+        b.fits = b.measured_mib is not None and b.measured_mib <= b.budget_mib
         if over and over[-1]["study"].get("confirmed_batch") == b.batch:
             b.over_batch = get_path(over[-1], "techniques.micro_batch_size")
             b.over_mib = peak_mib(over[-1]) if over[-1].get("status") == "ok" else None
@@ -250,18 +242,17 @@ def budget_table(budget: Sequence[BudgetRow]) -> str:
     return table(header, body, "lrrrcrrl")
 
 
-def prediction_table(studies: Mapping[str, Sequence[Row]], tolerance: float = 0.05) -> str | None:
-    """Per run recorded with a prediction, the peak the planner predicted before it ran beside the measured median."""
+def prediction_table(studies: Sequence[Any], tolerance: float = 0.05) -> str | None:
+    """Per run of the studies recorded with a prediction, the peak predicted before it ran beside the measured one."""
     body = []
-    for slug, rows in studies.items():
-        for r in (r for r in rows if r.ok and r.v["peak_mib"] is not None):
+    for study in studies:
+        for r in (r for r in study.rows if r.ok and r.v["peak_mib"] is not None):
             pred = next((get_path(x, "prediction.predicted_mib.total") for x in r.records if x.get("prediction")), None)
             if finite(pred) is not None:
                 err = pred / r.v["peak_mib"] - 1
-                body.append([r.name, slug, sig(pred), sig(r.v["peak_mib"]), pct(err, signed=True),
+                body.append([r.name, study.slug, sig(pred), sig(r.v["peak_mib"]), pct(err, signed=True),
                              "within" if abs(err) <= tolerance else "misses"])
-    header = ["run", "machine", "predicted peak MiB", "measured peak MiB (median)", "error",
-              f"within {pct(tolerance)}"]
+    header = ["run", "machine", "predicted peak MiB", "measured peak MiB (median)", "error", f"within {pct(tolerance)}"]
     return table(header, body, "llrrrl") if body else None
 
 
@@ -301,6 +292,7 @@ def scaleout_table(record: Mapping, devices: Sequence[int] = (1, 8, 512)) -> str
     body = [[n, f"{p.samples_per_step:,}", sig(p.comm_bytes / 2**20), f"{sig(p.comm_s * 1e3, 2)} ms (estimate)",
              f"{sig(p.step_s * 1e3, 2)} ms (estimate)", f"{pct(p.samples_per_s / (n * one))} (estimate)"]
             for n, p in zip(devices, preds, strict=True)]
-    knobs = ", ".join(f"{k} = {v}" for k, v in dataclasses.asdict(a).items() if "bandwidth" in k or "overlap" in k)
+    knobs = (f"{a.device}, {a.bandwidth(1):g} GB/s per GPU inside a node of {a.gpus_per_node}, "
+             f"{a.bandwidth(a.gpus_per_node + 1):g} GB/s between nodes; overlap_fraction = {a.overlap_fraction}")
     return table(["GPUs", "global batch", "gradient MiB sent per GPU per step", "communication per step",
                   "step time", "scaling efficiency"], body) + f"\n\nPlanner assumptions: {knobs}."

@@ -1,12 +1,5 @@
-"""The efficiency study: a plan of experiment configs, each trained for a short measured window in a fresh process.
-
-To run: ``uv run python -m modelwright study`` (the default plan, ``configs/study/plan_default.yaml``);
-``--plan configs/study/plan_vit.yaml`` for another plan, ``--accelerator cuda`` on a GPU, ``--help`` for the rest.
-Configs are resolved by LightningCLI's own parser (:mod:`.plan`), runs and records are :mod:`.runner`'s, the largest
-batch under a memory budget :mod:`.budget`'s; then :mod:`modelwright.report` writes the table, plots and README.
-"""
-
-from __future__ import annotations
+"""The efficiency study (``uv run python -m modelwright study --help``): a plan of experiment configs, each trained
+for a short measured window in a fresh process; then :mod:`modelwright.report` writes the table, plots and README."""
 
 import dataclasses
 import inspect
@@ -23,8 +16,9 @@ from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
 from modelwright import REPO_ROOT
 from modelwright.errors import require
-from modelwright.report import fmt
+from modelwright.report import fmt, generate
 from modelwright.study import plan as p
+from modelwright.study.budget import budget_phase
 from modelwright.study.plan import patch_callbacks, resolve_config
 from modelwright.study.runner import DONE_STATUSES, Progress, Study, say, study_lock
 
@@ -52,15 +46,6 @@ def hardware_slug(accelerator: str = "auto") -> str:
     flags = set(cpuinfo().get("flags", "").split())
     isa = next((name for name in ("avx512", "avx2", "neon", "asimd") if name in flags or f"{name}f" in flags), None)
     return "-".join(filter(None, ["cpu", slugify(cpu_model()) or "unknown", isa, f"{os.cpu_count()}cores"]))
-
-
-def device_kinds(device: str) -> set[str]:
-    """This machine's :data:`.plan.DEVICE_KINDS`: ``cuda``, or ``cpu`` plus ``cpu-bf16`` on a CPU with bf16
-    instructions (elsewhere bf16 autocast is emulated: ~15× an fp32 step)."""
-    from modelwright.measure.facts import cpuinfo
-
-    flags = set(cpuinfo().get("flags", "").split()) if device == "cpu" else set()
-    return {device} | ({"cpu-bf16"} if flags & {"avx512_bf16", "amx_bf16"} else set())
 
 
 def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] | None = None, model: str | None = None,
@@ -106,66 +91,59 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
     require(re.fullmatch(r"[a-z0-9][a-z0-9._-]*", slug) is not None, f"slug: {slug!r} is not a plain name")
     device = "cuda" if accelerator in ("cuda", "gpu") or slug.startswith("cuda-") else "cpu"
     settings = p.Settings(
-        slug, accelerator, p.for_device(the_plan.warmup_steps, device) if warmup_steps is None else warmup_steps,
-        p.for_device(the_plan.measured_steps, device) if steps is None else steps,
-        repeats or the_plan.repeats, the_plan.val_batches if val_batches is None else val_batches,
-        model or the_plan.model, dict(overrides or {}),
-    )
+        slug, accelerator, p.for_device(the_plan.warmup_steps if warmup_steps is None else warmup_steps, device),
+        p.for_device(the_plan.measured_steps if steps is None else steps, device), repeats or the_plan.repeats,
+        the_plan.val_batches if val_batches is None else val_batches, model or the_plan.model, dict(overrides or {}))
     names = [e.name for e in the_plan.entries]
     for name in only or []:
         require(name in names, f"only: {name!r} is not a run of {the_plan.path}; valid: {', '.join(names)}")
     entries = [e for e in the_plan.entries if not only or e.name in only]
-    kinds = device_kinds(device)
+    from modelwright.measure.facts import cpuinfo
+
+    # cpu-bf16: a CPU with bf16 instructions (elsewhere bf16 autocast is emulated: ~15× an fp32 step).
+    bf16 = device == "cpu" and {"avx512_bf16", "amx_bf16"} & set(cpuinfo().get("flags", "").split())
+    kinds = {device, "cpu-bf16"} if bf16 else {device}
     # A run named in --only runs anyway: the user asked for it (e.g. to check a bf16 prediction on such a CPU).
     runnable = entries if only else [e for e in entries if not e.accelerators or kinds & set(e.accelerators)]
     # Round-robin: every run once, then again, so that a slow spell of the machine spreads over every row.
     specs = [p.build_spec(e, names.index(e.name), settings, r) for r in range(settings.repeats) for e in runnable]
     p.check_effective_batch(specs, runnable)
     budget_gib = budget_gib or the_plan.budget_gib
-    names_here = {e.name for e in runnable}
-    do_budget = bool(budget and budget_gib and names_here & set(the_plan.budget_runs))
+    budget_runs = [n for n in the_plan.budget_runs if n in {e.name for e in runnable}]
+    do_budget = bool(budget and budget_gib and budget_runs)
     results_dir, workdir = results.resolve() / slug, workdir.resolve() / slug
     runner = Study(the_plan, settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed, profile=predict,
                    run_timeout_s=run_timeout_s, cmd=cmd)
     to_run = sum(runner.recorded(s) is None for s in specs)
-    say(
-        f"study {the_plan.path} on {slug}: {len(specs)} runs ({to_run} to run; {settings.repeats} repeats, "
+    say(f"study {the_plan.path} on {slug}: {len(specs)} runs ({to_run} to run; {settings.repeats} repeats, "
         f"round-robin), {settings.warmup_steps} warm-up + 1 anatomy + {settings.measured_steps} measured steps each"
-        + (f"; budget {budget_gib:g} GiB for {', '.join(n for n in the_plan.budget_runs if n in names_here)}"
-           if do_budget else "")
-        + f"\nresults: {p.rel(results_dir)}/"
-    )
+        + (f"; budget {budget_gib:g} GiB for {', '.join(budget_runs)}" if do_budget else "")
+        + f"\nresults: {p.rel(results_dir)}/")
     elsewhere = [e for e in entries if e not in runnable]
     for e in elsewhere:
         emulated = ": bf16 is emulated on this CPU" if device == "cpu" and "cpu-bf16" in e.accelerators else ""
         say(f"  {e.name}: not on {device} (runs on {', '.join(e.accelerators)}{emulated})")
     if dry_run:
-        for spec in specs:
-            state = "recorded" if runner.recorded(spec) else "to run"
-            line = " ".join(p.command(spec, workdir / spec.folder))
-            say(f"  {spec.label} [{spec.config_hash}] {state}: python {line}")
+        for s in specs:
+            state = "recorded" if runner.recorded(s) else "to run"
+            say(f"  {s.label} [{s.config_hash}] {state}: python {' '.join(p.command(s, workdir / s.folder))}")
         return 0
-    main_thread = threading.current_thread() is threading.main_thread()
     # SIGTERM ends the study as Ctrl-C does: the running child's group is killed and the lock released.
+    main_thread = threading.current_thread() is threading.main_thread()  # where Python can set a handler
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if main_thread else None
     try:
         with study_lock(results_dir):
-            progress = Progress(to_run)
-            for spec in specs:
-                runner.run(spec, progress)
-            if do_budget:
-                from modelwright.study.budget import budget_phase
-
-                budget_phase(runner, runnable, progress, budget_gib * 1024)
-            progress.close()
+            with Progress(to_run) as progress:
+                for spec in specs:
+                    runner.run(spec, progress)
+                if do_budget:
+                    budget_phase(runner, runnable, progress, budget_gib * 1024)
             wall_s = time.perf_counter() - t0
-            summary = {
-                "plan": the_plan.path, "command": " ".join(cmd), **dataclasses.asdict(settings),
-                "repeat_order": "round-robin", "budget_gib": budget_gib if do_budget else None,
-                "runs_not_on_this_device": [e.name for e in elsewhere], "runs_executed": runner.executed,
-                "runs_skipped": runner.skipped, "runs_failed": runner.failed, "wall_time_s": wall_s,
-                "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            }
+            summary = {"plan": the_plan.path, "command": " ".join(cmd), **dataclasses.asdict(settings),
+                       "repeat_order": "round-robin", "budget_gib": budget_gib if do_budget else None,
+                       "runs_not_on_this_device": [e.name for e in elsewhere], "runs_executed": runner.executed,
+                       "runs_skipped": runner.skipped, "runs_failed": runner.failed, "wall_time_s": wall_s,
+                       "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
             (results_dir / "study.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
             say(f"study done in {fmt.duration(wall_s)}: {runner.executed} run, {runner.skipped} skipped, "
                 f"{runner.failed} not ok; records: {p.rel(runner.records_path)}")
@@ -173,11 +151,9 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
         say("interrupted: the runs recorded so far are kept; the same command resumes")
         return 130
     finally:
-        if main_thread:
+        if previous is not None:  # None: not set here, or by no Python code
             signal.signal(signal.SIGTERM, previous)
     if report:
-        from modelwright.report import generate
-
         written = generate(results_dir, readme=readme.resolve() if readme else None, allow_mixed=allow_mixed)
         say("report: " + ", ".join(p.rel(w) for w in written))
     # Failed runs are results (recorded, shown in the table); only a study that measured nothing is an error.

@@ -2,12 +2,11 @@
 two runs. The predicted batch must fit (one correction if it lands over, by the planner's measured miss), and a run a
 few percent larger must not: both together say the batch is the largest, within that margin."""
 
-from __future__ import annotations
-
 import math
 from collections.abc import Sequence
 from typing import Any
 
+from modelwright import planner
 from modelwright.record import get_path
 from modelwright.report import fmt, tables
 from modelwright.study.plan import Entry, build_spec
@@ -25,8 +24,6 @@ def budget_phase(study: Study, entries: Sequence[Entry], progress: Progress, bud
 
 
 def _largest_batch(study: Study, index: int, entry: Entry, progress: Progress, budget_mib: float) -> None:
-    from modelwright import planner
-
     plain = build_spec(entry, index, study.settings)
     profile = study.baseline(get_path(plain.resolved, "model.model_name"))
 
@@ -67,7 +64,6 @@ def _largest_batch(study: Study, index: int, entry: Entry, progress: Progress, b
         return say(f"{entry.name} (budget, over): skipped (no batch was confirmed under the budget)")
     over = batch + max(1, math.ceil(batch * OVER_FRACTION))
     peak = tables.peak_mib(run_at(over, role="over", confirmed_batch=batch))
-    verdict = "the largest" if peak is not None and peak > budget_mib else (
-        f"not the largest (batch + {fmt.pct(OVER_FRACTION)} fits)")
+    largest = peak is not None and peak > budget_mib
     say(f"{entry.name}: batch {batch} fits {fmt.sig(budget_mib)} MiB, batch {over} peaks at {fmt.sig(peak)} MiB: "
-        f"{verdict}")
+        + ("the largest" if largest else f"not the largest (batch + {fmt.pct(OVER_FRACTION)} fits)"))

@@ -1,9 +1,8 @@
 """A study plan (``configs/study/plan_*.yaml``) and its runs, each run's config resolved by LightningCLI itself."""
 
-from __future__ import annotations
-
 import contextlib
 import copy
+import functools
 import hashlib
 import io
 import json
@@ -17,11 +16,10 @@ from typing import Any
 
 import yaml
 
-from modelwright import CONFIGS_DIR, REPO_ROOT
-from modelwright.errors import ConfigError, require
+from modelwright import REPO_ROOT
+from modelwright.errors import ConfigError, one_line, require
 from modelwright.record import get_path, to_jsonable
 
-DEFAULT_PLAN = CONFIGS_DIR / "study" / "plan_default.yaml"
 PLAN_KEYS = {"model", "warmup_steps", "measured_steps", "repeats", "val_batches", "budget", "runs", "description"}
 ENTRY_KEYS = {"name", "config", "overrides", "accelerators", "vary_batch", "description"}
 #: What ``accelerators`` may name: cpu-bf16 is a CPU with bf16 instructions (elsewhere bf16 autocast is emulated).
@@ -60,9 +58,10 @@ def rel(path: str | os.PathLike) -> str:
     return p.relative_to(REPO_ROOT).as_posix() if p.is_relative_to(REPO_ROOT) else str(path)
 
 
-def count(value: Any, key: str, minimum: int = 1) -> int:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-    require(ok, f"{key}: must be an integer >= {minimum}, got {value!r}")
+def count(value: Any, key: str, minimum: int = 1, per_device: bool = False) -> Any:
+    for v in value.values() if per_device and isinstance(value, dict) else [value]:
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+        require(ok, f"{key}: must be an integer >= {minimum}, got {v!r}")
     return value
 
 
@@ -72,9 +71,8 @@ def for_device(value: int | Mapping[str, int], device: str) -> int:
 
 
 def _known(mapping: Mapping, keys: set[str], where: str) -> None:
-    unknown = sorted(set(mapping) - keys)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; valid: {', '.join(sorted(keys))}")
+    unknown = min(set(mapping) - keys, default=None)  # the first, in sorted order
+    require(unknown is None, f"{where}: unknown key {unknown!r}; valid: {', '.join(sorted(keys))}")
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
@@ -84,7 +82,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ConfigError(f"{where}: not valid YAML ({' '.join(str(err).split())})") from None
+        raise ConfigError(f"{where}: not valid YAML ({one_line(err)})") from None
     require(isinstance(data, dict), f"{where}: a plan is a mapping with a 'runs' list")
     _known(data, PLAN_KEYS, where)
     runs = data.get("runs")
@@ -109,17 +107,12 @@ def load_plan(path: str | os.PathLike) -> Plan:
     require(ok, f"{where}: budget.gib: must be a positive number, got {gib!r}")
     for name in budget_runs:
         require(name in {e.name for e in entries}, f"{where}: budget.runs: {name!r} is not a run of this plan")
-    steps = {key: data.get(key, default) for key, default in (("warmup_steps", 1), ("measured_steps", 10))}
-    for key, value in steps.items():
-        for v in value.values() if isinstance(value, dict) else [value]:
-            count(v, f"{where}: {key}", 0 if key == "warmup_steps" else 1)
-    return Plan(where, entries, data.get("model"), steps["warmup_steps"], steps["measured_steps"],
+    return Plan(where, entries, data.get("model"),
+                count(data.get("warmup_steps", 1), f"{where}: warmup_steps", 0, per_device=True),
+                count(data.get("measured_steps", 10), f"{where}: measured_steps", per_device=True),
                 count(data.get("repeats", 3), f"{where}: repeats"),
                 count(data.get("val_batches", 0), f"{where}: val_batches", 0),
                 float(gib) if gib is not None else None, list(budget_runs))
-
-
-_RESOLVED: dict[tuple[str, ...], dict] = {}
 
 
 def cli_value(value: Any) -> str:
@@ -132,18 +125,21 @@ def resolve_config(config_files: Sequence[str | os.PathLike] = (), overrides: Ma
     LightningCLI's own parser in this process, cached per argument list; a refusal is the parser's one-line error."""
     args = ["fit", *(a for f in config_files for a in ("--config", str(REPO_ROOT / f)))]
     args += [f"--{key}={cli_value(value)}" for key, value in (overrides or {}).items()]
-    if tuple(args) not in _RESOLVED:
-        from modelwright.train.cli import cli_main
+    return copy.deepcopy(_print_config(tuple(args)))
 
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.suppress(SystemExit), \
-                warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "LightningCLI's args parameter")  # this process's own argv is not for it
-            cli_main([*args, "--print_config"])
-        errors = [line[7:] for line in err.getvalue().splitlines() if line.startswith("error: ")]
-        require(bool(out.getvalue().strip()), errors[-1] if errors else f"config: cannot resolve {args[1:]}")
-        _RESOLVED[tuple(args)] = yaml.safe_load(out.getvalue())
-    return copy.deepcopy(_RESOLVED[tuple(args)])
+
+@functools.cache
+def _print_config(args: tuple[str, ...]) -> dict:
+    from modelwright.train.cli import cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.suppress(SystemExit), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "LightningCLI's args parameter")  # this process's own argv is not for it
+        cli_main([*args, "--print_config"])
+    errors = [line[7:] for line in err.getvalue().splitlines() if line.startswith("error: ")]
+    require(bool(out.getvalue().strip()), errors[-1] if errors else f"config: cannot resolve {args[1:]}")
+    return yaml.safe_load(out.getvalue())
 
 
 def _positive(value: Any) -> int:
@@ -164,7 +160,7 @@ def effective_batch(resolved: Mapping) -> int | None:
     return micro * accumulate * world_size(resolved) if ok else None
 
 
-def patch_callbacks(callbacks: Any, warmup_steps: int, record_path: str | None) -> list[dict]:
+def patch_callbacks(callbacks: Any, warmup_steps: int, record_path: str | None = None) -> list[dict]:
     """The callbacks list of a study run: the measurement window set, no checkpoint files, the record path; a
     ConfigError if it has no ``RunRecord`` (the study could not read the run's result)."""
     def name(cb: Any) -> str:
@@ -172,11 +168,9 @@ def patch_callbacks(callbacks: Any, warmup_steps: int, record_path: str | None) 
 
     ok = isinstance(callbacks, list) and any(name(cb) == "RunRecord" for cb in callbacks)
     require(ok, "trainer.callbacks: the study needs callbacks.run_record.RunRecord in the list (configs/base.yaml)")
-    window = {
-        "StepTimeMonitor": {"warmup_steps": warmup_steps, "measure_steps": None},
-        "MemoryMonitor": {"warmup_steps": warmup_steps, "anatomy": True, "anatomy_step": None},
-        "RunRecord": {"record_path": record_path, "records_jsonl": None},
-    }
+    window = {"StepTimeMonitor": {"warmup_steps": warmup_steps, "measure_steps": None},
+              "MemoryMonitor": {"warmup_steps": warmup_steps, "anatomy": True, "anatomy_step": None},
+              "RunRecord": {"record_path": record_path, "records_jsonl": None}}
     return [{**copy.deepcopy(cb), "init_args": {**(cb.get("init_args") or {}), **window.get(name(cb), {})}}
             for cb in callbacks if name(cb) != "ModelCheckpoint"]  # a study run saves no checkpoint
 
@@ -211,18 +205,13 @@ class RunSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def key(self) -> tuple[str, str, int]:
-        return (self.kind, self.config_hash, self.repeat)
-
-    @property
     def folder(self) -> str:
         return f"{self.name}-{self.config_hash}-{self.kind[0]}{self.repeat}"
 
     @property
     def label(self) -> str:
-        if self.kind == "run":
-            return f"{self.name} r{self.repeat}"
-        return f"{self.name} @ batch {get_path(self.resolved, 'data.batch_size')} ({self.extra.get('role')})"
+        budget = f"@ batch {get_path(self.resolved, 'data.batch_size')} ({self.extra.get('role')})"
+        return f"{self.name} {f'r{self.repeat}' if self.kind == 'run' else budget}"
 
 
 def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, kind: str = "run",
@@ -256,8 +245,7 @@ def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, ki
     if not isinstance(get_path(draft, "data.train_size"), int) or get_path(draft, "data.train_size") < needed:
         overrides["data.train_size"] = needed
     resolved = resolve_config(files, overrides)
-    resolved["trainer"]["callbacks"] = patch_callbacks(resolved["trainer"].get("callbacks"), settings.warmup_steps,
-                                                       None)
+    resolved["trainer"]["callbacks"] = patch_callbacks(resolved["trainer"].get("callbacks"), settings.warmup_steps)
     # The run's identity (what resume compares): its resolved config on one hardware slug.
     text = json.dumps({"config": to_jsonable(resolved), "slug": settings.slug}, sort_keys=True, separators=(",", ":"))
     return RunSpec(entry.name, kind, index, repeat, entry.config, overrides, resolved,

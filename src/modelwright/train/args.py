@@ -1,19 +1,17 @@
 """The ``model:`` and ``data:`` sections of a config as plain dataclasses that check themselves; no Lightning.
 
-:class:`~modelwright.train.module.ImageClassifier` and :class:`~modelwright.train.data.ImageDataModule` keep
-their typed ``__init__`` (LightningCLI's schema, documented there) and pass their hyperparameters through these
-classes, so a field added to one and not the other fails every run at once. The Accelerate loop parses the same
-sections with them.
+The Accelerate loop parses the sections with them; ImageClassifier and ImageDataModule keep the typed ``__init__``
+that is LightningCLI's schema and pass it through them, so a field added to one side alone fails every run at once.
 """
-
-from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Literal, TypeVar
 
 from modelwright.errors import require
-from modelwright.train.datasets import check_cifar10_dir
+
+CIFAR10_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 
 
 @dataclass
@@ -64,8 +62,11 @@ class DataArgs:
         require(self.noise >= 0, f"data.noise: must be >= 0, got {self.noise}")
         require(not self.persistent_workers or self.num_workers > 0,
                 "data.persistent_workers: needs data.num_workers > 0")
-        if self.dataset == "cifar10" and not self.download:
-            check_cifar10_dir(self.data_dir)
+        if self.dataset == "cifar10" and not self.download:  # CIFAR-10's python-format batches must be there
+            folder = Path(self.data_dir) / "cifar-10-batches-py"
+            missing = [name for name in CIFAR10_FILES if not (folder / name).is_file()]
+            require(not missing, f"data.data_dir: no CIFAR-10 files in {folder} (missing {', '.join(missing)}); "
+                    "set data.download: true or point data.data_dir at an extracted cifar-10-python.tar.gz")
 
 
 Args = TypeVar("Args", ModelArgs, DataArgs)

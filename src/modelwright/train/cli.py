@@ -1,13 +1,10 @@
 """The command line: LightningCLI over :class:`ImageClassifier` and :class:`ImageDataModule`.
 
-To run: ``uv run main.py fit --config configs/amp.yaml`` (``configs/base.yaml`` is always loaded first).
-
-Added to a plain LightningCLI: ``--ckpt_path last`` resolution, a log line for a precision the Trainer changed
-(``16-mixed`` runs as ``bf16-mixed`` on CPU), and the user's errors as one line on stderr with exit status 2
+To run: ``uv run main.py fit --config configs/amp.yaml`` (``configs/base.yaml`` is always loaded first). Added to a
+plain LightningCLI: ``--ckpt_path last`` resolution, a log line for a precision the Trainer changed (``16-mixed``
+runs as ``bf16-mixed`` on CPU), and the user's errors as one line on stderr with exit status 2
 (``MODELWRIGHT_DEBUG=1`` shows the traceback).
 """
-
-from __future__ import annotations
 
 import argparse
 import errno
@@ -20,6 +17,7 @@ import zipfile
 from pathlib import Path
 from typing import Literal
 
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
@@ -32,6 +30,7 @@ from modelwright.train.runtime import set_cpu_malloc
 
 BASE_CONFIG = CONFIGS_DIR / "base.yaml"
 log = logging.getLogger("modelwright")
+_say = rank_zero_only(log.warning)
 
 
 def find_last_checkpoint(log_root: Path) -> Path | None:
@@ -42,15 +41,12 @@ def find_last_checkpoint(log_root: Path) -> Path | None:
     """
     runs = [p for p in log_root.glob("version_*") if p.is_dir() and p.name.removeprefix("version_").isdigit()]
     runs.sort(key=lambda p: int(p.name.removeprefix("version_")), reverse=True)
-    for i, run in enumerate(runs):
+    for run in runs:
         found = sorted((c for c in run.glob("checkpoints/last*.ckpt") if _loadable(c)), key=lambda c: c.stat().st_mtime)
-        if found and i == 0:
-            return found[-1]
         if found:
-            raise ConfigError(
-                f"ckpt_path: 'last', but the latest run {runs[0]} has no loadable checkpoint; the newest older one is "
-                f"{found[-1]} (pass it as --ckpt_path to resume that run)"
-            )
+            require(run == runs[0], f"ckpt_path: 'last', but the latest run {runs[0]} has no loadable checkpoint; the "
+                    f"newest older one is {found[-1]} (pass it as --ckpt_path to resume that run)")
+            return found[-1]
     return None
 
 
@@ -97,7 +93,7 @@ class ModelwrightCLI(LightningCLI):
         sub = self.config.get("subcommand")
         return self.config[sub] if sub else self.config
 
-    def before_instantiate_classes(self) -> None:
+    def before_instantiate_classes(self) -> None:  # not when parsing: --print_config changes nothing
         set_cpu_malloc(self.run_config["cpu_malloc"])
 
     def parse_arguments(self, parser, args) -> None:
@@ -107,9 +103,8 @@ class ModelwrightCLI(LightningCLI):
         logger = cfg["trainer"].get("logger")
         init_args = logger.get("init_args") if hasattr(logger, "get") else None
         if init_args is not None and init_args.get("save_dir"):
-            existing = Path(init_args["save_dir"])
-            while not existing.exists() and existing != existing.parent:
-                existing = existing.parent
+            save_dir = Path(init_args["save_dir"])
+            existing = next(p for p in (save_dir, *save_dir.parents) if p.exists())  # "." or "/" at the latest
             key = "trainer.logger.init_args.save_dir"
             require(existing.is_dir(), f"{key}: cannot create {init_args['save_dir']}: {existing} is not a folder")
             require(os.access(existing, os.W_OK | os.X_OK), f"{key}: cannot write in {existing}")
@@ -124,8 +119,6 @@ class ModelwrightCLI(LightningCLI):
             require(_loadable(Path(ckpt)), f"ckpt_path: {ckpt} is not a PyTorch checkpoint (truncated or corrupted?)")
 
     def instantiate_trainer(self, **kwargs):
-        from lightning.fabric.utilities.exceptions import MisconfigurationException
-
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError, TypeError) as err:
@@ -140,15 +133,8 @@ class ModelwrightCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         requested, actual = str(self.run_config["trainer"].get("precision")), str(self.trainer.precision)
         if requested != actual:
-            _say(
-                f"precision: requested {requested}, running {actual} on {type(self.trainer.accelerator).__name__}; "
-                f"the run is recorded as {actual}"
-            )
-
-
-@rank_zero_only
-def _say(message: str) -> None:
-    log.warning(message)
+            _say(f"precision: requested {requested}, running {actual} on {type(self.trainer.accelerator).__name__}; "
+                 f"the run is recorded as {actual}")
 
 
 def cli_main(args: list[str] | None = None) -> int:
@@ -158,10 +144,9 @@ def cli_main(args: list[str] | None = None) -> int:
         # Lightning's --optimizer/--lr_scheduler would replace the model's own optimizer and schedule.
         generic = [flag for flag in (a.split("=", 1)[0] for a in argv) if flag in ("--optimizer", "--lr_scheduler")]
         if generic:
-            raise ConfigError(
-                f"{generic[0][2:]}: not used here; choose the optimizer with --model.optimizer (sgd, adamw) and "
-                "--model.optimizer_impl, the schedule with --model.scheduler (none, cosine, onecycle)"
-            )
+            raise ConfigError(f"{generic[0][2:]}: not used here; choose the optimizer with --model.optimizer (sgd, "
+                              "adamw) and --model.optimizer_impl, the schedule with --model.scheduler (none, cosine, "
+                              "onecycle)")
         argv = resolve_config_args(argv)
         if args is None:  # LightningCLI warns when given args beside a non-empty sys.argv
             sys.argv[1:], argv = argv, None

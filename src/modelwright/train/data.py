@@ -1,7 +1,5 @@
 """The LightningDataModule over :mod:`modelwright.train.datasets` (synthetic or CIFAR-10), resumable mid-epoch."""
 
-from __future__ import annotations
-
 from typing import Literal
 
 import lightning.pytorch as pl
@@ -48,7 +46,6 @@ class ImageDataModule(pl.LightningDataModule):
         self.args = from_hparams(DataArgs, self.hparams)  # checks the values
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
-        self._resume: dict | None = None  # the training loader's place in its epoch, from a checkpoint
 
     def prepare_data(self) -> None:
         if self.args.dataset == "cifar10" and self.args.download:
@@ -59,11 +56,10 @@ class ImageDataModule(pl.LightningDataModule):
             self.train_set, self.val_set = image_datasets(self.args)
 
     def train_dataloader(self) -> DataLoader:
-        # Resumes mid-epoch (modelwright.train.resume); its shuffle is RandomSampler's.
-        return image_loader(
-            self.train_set, self.args, train=True, cls=ResumableDataLoader,
-            sampler=ResumableRandomSampler(self.train_set), resume=self._take_resume,
-        )
+        # Resumes mid-epoch (modelwright.train.resume) once, where load_state_dict says; RandomSampler's shuffle.
+        return image_loader(self.train_set, self.args, train=True, cls=ResumableDataLoader,
+                            sampler=ResumableRandomSampler(self.train_set),
+                            resume=lambda: vars(self).pop("_resume", None))
 
     # The loader's place also travels in the datamodule's state, which Lightning restores before any loader's
     # (modelwright.train.resume says why).
@@ -73,10 +69,6 @@ class ImageDataModule(pl.LightningDataModule):
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._resume = state_dict.get("train_loader")
-
-    def _take_resume(self) -> dict | None:
-        state, self._resume = self._resume, None
-        return state
 
     def val_dataloader(self) -> DataLoader:
         return image_loader(self.val_set, self.args, train=False)

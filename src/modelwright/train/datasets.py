@@ -6,29 +6,20 @@ classes within a few dozen steps, so ``val/acc`` rises well above chance (10%) i
 same seed always gives the same tensors on every rank and every machine.
 """
 
-from __future__ import annotations
-
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from modelwright.errors import ConfigError
-
-if TYPE_CHECKING:
-    from modelwright.train.args import DataArgs
+from modelwright.train.args import DataArgs
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-CIFAR10_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
-CIFAR10_FOLDER = "cifar-10-batches-py"
 
 
-def synthetic_images(
-    n: int, num_classes: int = 10, seed: int = 0, noise: float = 6.0, image_size: int = 32
-) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_images(n: int, num_classes: int = 10, seed: int = 0, noise: float = 6.0,
+                     image_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` images (float32, N×3×H×W, roughly zero-mean unit-variance) and their labels.
 
     The class prototypes depend on ``num_classes`` and ``image_size`` only (fixed seed), so a training and a
@@ -51,17 +42,6 @@ def synthetic_images(
                 images[idx] = images[idx].roll(shifts=(dy, dx), dims=(2, 3))
     images += noise * torch.randn(images.shape, generator=gen)
     return images.contiguous(), labels
-
-
-def check_cifar10_dir(data_dir: str | Path) -> None:
-    """Raise a one-line :class:`ConfigError` unless ``data_dir`` holds CIFAR-10's python-format batches."""
-    folder = Path(data_dir) / CIFAR10_FOLDER
-    missing = [name for name in CIFAR10_FILES if not (folder / name).is_file()]
-    if missing:
-        raise ConfigError(
-            f"data.data_dir: no CIFAR-10 files in {folder} (missing {', '.join(missing)}); "
-            "set data.download: true or point data.data_dir at an extracted cifar-10-python.tar.gz"
-        )
 
 
 def image_datasets(args: DataArgs, download: bool = False) -> tuple[Dataset, Dataset]:

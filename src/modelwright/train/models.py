@@ -5,8 +5,6 @@ residual / conv / transformer blocks inside). A segment's ``forward`` is replace
 names and ``state_dict`` keys stay the same.
 """
 
-from __future__ import annotations
-
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -16,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from torchvision.models import resnet18 as tv_resnet18
 from torchvision.models.vision_transformer import VisionTransformer
 
-from modelwright.errors import ConfigError
+from modelwright.errors import require
 
 
 def resnet18_cifar(num_classes: int = 10) -> nn.Module:
@@ -40,13 +38,11 @@ class SmallCNN(nn.Module):
 
     def __init__(self, num_classes: int = 10, width: int = 32) -> None:
         super().__init__()
-        w = width
-        self.stages = nn.Sequential(
-            nn.Sequential(ConvBlock(3, w, pool=False), ConvBlock(w, 2 * w, pool=True)),
-            nn.Sequential(ConvBlock(2 * w, 2 * w, pool=False), ConvBlock(2 * w, 4 * w, pool=True)),
-            nn.Sequential(ConvBlock(4 * w, 4 * w, pool=False), ConvBlock(4 * w, 8 * w, pool=True)),
-        )
-        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * w, num_classes))
+        self.stages = nn.Sequential(*(  # each stage: a conv at its width c, then one to 2c and a pool
+            nn.Sequential(ConvBlock(c_in, c, pool=False), ConvBlock(c, 2 * c, pool=True))
+            for c_in, c in ((3, width), (2 * width, 2 * width), (4 * width, 4 * width))
+        ))
+        self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * width, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.stages(x))
@@ -65,8 +61,7 @@ MODEL_NAMES = tuple(BUILDERS)
 
 def build_model(name: str, num_classes: int = 10) -> nn.Module:
     """Build a network by name (one of :data:`MODEL_NAMES`)."""
-    if name not in BUILDERS:
-        raise ConfigError(f"model.model_name: unknown model {name!r}; valid: {', '.join(MODEL_NAMES)}")
+    require(name in BUILDERS, f"model.model_name: unknown model {name!r}; valid: {', '.join(MODEL_NAMES)}")
     return BUILDERS[name](num_classes)
 
 
@@ -81,11 +76,8 @@ def checkpoint_segments(model: nn.Module, granularity: str) -> list[nn.Module]:
     else:  # torchvision's ResNet
         stages = [model.layer1, model.layer2, model.layer3, model.layer4]
         segments = {"stage": stages, "block": [b for s in stages for b in s]}
-    if granularity not in segments:
-        raise ConfigError(
-            f"model.gradient_checkpointing: {type(model).__name__} has no {granularity!r} segments; "
-            f"valid: off, {', '.join(segments)}"
-        )
+    require(granularity in segments, f"model.gradient_checkpointing: {type(model).__name__} has no {granularity!r} "
+            f"segments; valid: off, {', '.join(segments)}")
     return segments[granularity]
 
 
@@ -114,13 +106,11 @@ class _CheckpointedForward:
     def __init__(self, forward) -> None:
         self.forward = forward
 
-    def _contexts(self):
-        return nullcontext(), _batchnorm_stats_frozen(self.forward.__self__)
-
     def __call__(self, *args, **kwargs):
         if not torch.is_grad_enabled():
             return self.forward(*args, **kwargs)
-        return checkpoint(self.forward, *args, use_reentrant=False, context_fn=self._contexts, **kwargs)
+        contexts = nullcontext(), _batchnorm_stats_frozen(self.forward.__self__)
+        return checkpoint(self.forward, *args, use_reentrant=False, context_fn=lambda: contexts, **kwargs)
 
 
 def apply_gradient_checkpointing(model: nn.Module, granularity: str) -> list[nn.Module]:

@@ -1,8 +1,6 @@
 """The LightningModule ("the system") around a plain network: loss, metrics, optimizer and technique switches,
 each technique one typed argument and so one line of YAML under ``model:``."""
 
-from __future__ import annotations
-
 from typing import Literal
 
 import lightning.pytorch as pl
@@ -89,10 +87,8 @@ class ImageClassifier(pl.LightningModule):
         return self.net(x)
 
     def _shared_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, y, label_smoothing=self.hparams.label_smoothing)
-        return loss, logits
+        logits = self(batch[0])
+        return F.cross_entropy(logits, batch[1], label_smoothing=self.hparams.label_smoothing), logits
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, logits = self._shared_step(batch)
@@ -116,12 +112,7 @@ class ImageClassifier(pl.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        opt = build_optimizer(
-            [p for p in self.parameters() if p.requires_grad],
-            optimizer=hp.optimizer, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay,
-            optimizer_impl=hp.optimizer_impl,
-        )
+        opt = build_optimizer([p for p in self.parameters() if p.requires_grad], optimizer=hp.optimizer, lr=hp.lr,
+                              momentum=hp.momentum, weight_decay=hp.weight_decay, optimizer_impl=hp.optimizer_impl)
         sched = build_scheduler(opt, hp.scheduler, lr=hp.lr, total_steps=int(self.trainer.estimated_stepping_batches))
-        if sched is None:
-            return opt
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return opt if sched is None else {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,29 +1,22 @@
 """The optimizer and learning-rate schedule of every loop (Lightning's and the Accelerate loop); no Lightning."""
 
-from __future__ import annotations
-
 import math
 
 import torch
 
 
-def build_optimizer(
-    params, *, optimizer: str, lr: float, momentum: float, weight_decay: float, optimizer_impl: str = "auto"
-) -> torch.optim.Optimizer:
+def build_optimizer(params, *, optimizer: str, lr: float, momentum: float, weight_decay: float,
+                    optimizer_impl: str = "auto") -> torch.optim.Optimizer:
     """SGD (Nesterov momentum when ``momentum > 0``) or AdamW; ``optimizer_impl`` forces for-loop/foreach/fused."""
-    kwargs = {} if optimizer_impl == "auto" else (
-        {"fused": True} if optimizer_impl == "fused" else {"foreach": optimizer_impl == "foreach"}
-    )
+    by_impl = {"auto": {}, "fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
     if optimizer == "sgd":
-        return torch.optim.SGD(
-            params, lr=lr, momentum=momentum, nesterov=momentum > 0, weight_decay=weight_decay, **kwargs
-        )
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kwargs)
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=momentum > 0, weight_decay=weight_decay,
+                               **by_impl[optimizer_impl])
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **by_impl[optimizer_impl])
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, scheduler: str, *, lr: float, total_steps: int
-) -> torch.optim.lr_scheduler.LRScheduler | None:
+def build_scheduler(optimizer: torch.optim.Optimizer, scheduler: str, *, lr: float,
+                    total_steps: int) -> torch.optim.lr_scheduler.LRScheduler | None:
     """The learning-rate schedule over ``total_steps`` optimizer steps (``None`` for ``none``).
 
     ``onecycle`` rises linearly from ``lr / 25`` to ``lr`` over the first quarter, then follows a cosine to

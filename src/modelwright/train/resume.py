@@ -1,12 +1,11 @@
-"""Exact resume from a checkpoint written in the middle of an epoch: a training DataLoader that knows its place.
+"""Exact resume from a checkpoint written mid-epoch: a training DataLoader that knows its place.
 
-Lightning restores weights, optimizer, scheduler and loop counters and continues at the batch after the
-checkpointed one, but a plain DataLoader starts the epoch over with a new shuffle from the global RNG, which is not
-restored either. A loader's ``state_dict()`` is saved in every checkpoint, yet never loaded when
-``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (Lightning issue #20550, open), so the state
-also travels through the LightningDataModule's, which Lightning restores first, to the ``resume`` argument of
-:class:`ResumableDataLoader` (an ``__init__`` argument survives Lightning re-creating the loader to insert a
-DistributedSampler). A state delivered both ways is applied once.
+Lightning restores weights, optimizer, scheduler and loop counters and continues after the checkpointed batch, but
+a plain DataLoader starts the epoch over with a new shuffle from the global RNG, which is not restored either. A
+loader's ``state_dict()`` is saved in every checkpoint, yet never loaded when ``configure_optimizers`` reads
+``trainer.estimated_stepping_batches`` (Lightning issue #20550, open), so the state also travels through the
+LightningDataModule's (restored first) to :class:`ResumableDataLoader`'s ``resume`` argument, which survives
+Lightning re-creating the loader to insert a DistributedSampler. A state delivered both ways is applied once.
 
 At the pass's first batch, mid-pass: the same permutation with its first ``batches`` batches skipped by index (no
 sample loaded) and the RNG states restored just before the first fetch, so dropout and augmentation continue the
@@ -15,8 +14,7 @@ written while a batch is in flight, one ending an epoch shortened by ``limit_tra
 the checkpoint and the next training batch (a validation after a step checkpoint), DataLoader worker processes.
 """
 
-from __future__ import annotations
-
+import functools
 import itertools
 import random
 from collections.abc import Callable, Iterator, Sized
@@ -62,13 +60,9 @@ class ResumableRandomSampler(RandomSampler):
         self._pending_seed: int | None = None
 
     def __iter__(self) -> Iterator[int]:
-        if self._pending_seed is not None:
-            self.seed, self._pending_seed = self._pending_seed, None
-        else:
-            self.seed = int(torch.empty((), dtype=torch.int64).random_().item())
-        generator = torch.Generator()
-        generator.manual_seed(self.seed)
-        yield from torch.randperm(len(self.data_source), generator=generator).tolist()
+        pending, self._pending_seed = self._pending_seed, None
+        self.seed = pending if pending is not None else int(torch.empty((), dtype=torch.int64).random_().item())
+        yield from torch.randperm(len(self.data_source), generator=torch.Generator().manual_seed(self.seed)).tolist()
 
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed}
@@ -94,27 +88,19 @@ class _SkipFirst:
 
 
 class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose position in the current pass (batches yielded, sampler seed and epoch, RNG states)
-    is part of the training checkpoint.
-
-    Args:
-        resume: called at the first batch of each pass; a state it returns (from :meth:`state_dict`) is applied
-            there. The other arguments are ``DataLoader``'s; a :class:`ResumableRandomSampler` (or a sampler with
-            ``set_epoch``) makes a resumed pass repeat the interrupted one's order.
-    """
+    """A ``DataLoader`` whose place in the current pass (batches yielded, sampler seed and epoch, RNG states) is
+    part of the training checkpoint; ``resume`` is called at each pass's first batch and a state it returns is
+    applied there. A :class:`ResumableRandomSampler` (or one with ``set_epoch``) repeats the interrupted order."""
 
     def __init__(self, *args: Any, resume: Callable[[], dict | None] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.resume = resume
         self._batches = 0  # batches yielded in the current pass (Lightning does not prefetch from a sized loader)
-        self._skipper: _SkipFirst | None = None
         self._pending: dict[str, Any] | None = None
 
-    @property
+    @functools.cached_property
     def _index_sampler(self) -> _SkipFirst:
-        if self._skipper is None:
-            self._skipper = _SkipFirst(super()._index_sampler)
-        return self._skipper
+        return _SkipFirst(super()._index_sampler)
 
     def __iter__(self) -> Iterator[Any]:
         return self._pass(self._new_iterator())  # the iterator now, as DataLoader does (same RNG draws)
@@ -134,20 +120,18 @@ class ResumableDataLoader(DataLoader):
         return super().__iter__()
 
     def _resumed_iterator(self, state: dict[str, Any]) -> Iterator[Any]:
-        batches = int(state.get("batches") or 0)
+        batches = state["batches"]
         if not 0 < batches < len(self):  # the checkpoint ended a pass: this one starts from its RNG states
-            if state.get("rng") is not None:
-                set_rng_states(state["rng"])
+            set_rng_states(state["rng"])
             return self._new_iterator()
-        if state.get("sampler") is not None and hasattr(self.sampler, "load_state_dict"):
+        if state["sampler"] is not None and hasattr(self.sampler, "load_state_dict"):
             self.sampler.load_state_dict(state["sampler"])
-        if state.get("epoch") is not None and hasattr(self.sampler, "set_epoch"):
+        if state["epoch"] is not None and hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(state["epoch"])
         self._index_sampler.skip = batches
         iterator = self._new_iterator()
         self._batches = batches
-        if state.get("rng") is not None:  # after building the iterator: the interrupted run built its own earlier
-            set_rng_states(state["rng"])
+        set_rng_states(state["rng"])  # after building the iterator: the interrupted run built its own earlier
         return iterator
 
     def state_dict(self) -> dict[str, Any]:
