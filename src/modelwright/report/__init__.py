@@ -39,7 +39,7 @@ def summary(study: Study) -> dict:
                     time_vs_reference=r.vs("step_ms"), verdict=r.verdict,
                     run_ids=[x.get("run_id") for x in r.records]) if r.ok else {"error": r.error})
             for r in study.rows]
-    budget = [{k: v for k, v in b.__dict__.items() if k != "records"} for b in study.budget]
+    budget = [{k: v for k, v in b.__dict__.items() if k != "records"} | {"fits": b.fits} for b in study.budget]
     return {"slug": study.slug, "runs": runs, "budget": budget, "process_time_s": study.wall_s,
             "provenance_groups": study.marks, "plots": [n for n in PLOTS if (study.folder / n).is_file()]}
 

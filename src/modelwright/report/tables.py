@@ -199,7 +199,10 @@ class BudgetRow:
     vs_reference: float | None = None
     over_batch: int | None = None  # the run at batch + a few percent, which must exceed the budget
     over_mib: float | None = None
-    fits: bool = False  # confirmed under the budget by a measured peak
+
+    @property
+    def fits(self) -> bool:  # confirmed under the budget by a measured peak
+        return self.measured_mib is not None and self.measured_mib <= self.budget_mib
 
 
 def build_budget_rows(records: Sequence[dict], rows: Sequence[Row]) -> list[BudgetRow]:
@@ -216,7 +219,6 @@ def build_budget_rows(records: Sequence[dict], rows: Sequence[Row]) -> list[Budg
         b = BudgetRow(name, float(s["budget_mib"]), s.get("predicted_batch"), finite(s.get("predicted_peak_mib")),
                       peak_mib(last) if last.get("status") == "ok" else None, str(last.get("status")), len(series),
                       sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in series), series)
-        b.fits = b.measured_mib is not None and b.measured_mib <= b.budget_mib
         if over and over[-1]["study"].get("confirmed_batch") == b.batch:
             b.over_batch = get_path(over[-1], "techniques.micro_batch_size")
             b.over_mib = peak_mib(over[-1]) if over[-1].get("status") == "ok" else None
