@@ -39,6 +39,8 @@ class NonFiniteLossGuard(Measurement):
 
     def __init__(self, on_nonfinite: Literal["stop", "skip"] = "stop", max_skipped_steps: int | None = None) -> None:
         super().__init__()
+        if on_nonfinite not in ("stop", "skip"):  # jsonargparse checks the Literal; a Python caller gets this
+            raise ValueError(f"NonFiniteLossGuard.on_nonfinite: {on_nonfinite!r}; valid: stop, skip")
         if max_skipped_steps is not None and max_skipped_steps < 0:
             raise ValueError(f"NonFiniteLossGuard.max_skipped_steps: must be >= 0 or null, got {max_skipped_steps}")
         self.on_nonfinite, self.max_skipped_steps = on_nonfinite, max_skipped_steps
@@ -78,7 +80,7 @@ class NonFiniteLossGuard(Measurement):
             # The scale only goes down when the scaler skipped the step.
             self._scaler_skipped = self._scaler_skipped + (scale < self._scale_before).int()
         self._scale_before = None
-        if self.on_nonfinite != "skip" and (bad := self._first_nonfinite(trainer)) is not None:
+        if self.on_nonfinite == "stop" and (bad := self._first_nonfinite(trainer)) is not None:
             self._stop(bad, "")
 
     def _first_nonfinite(self, trainer) -> _MicroBatch | None:
