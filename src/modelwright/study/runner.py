@@ -190,8 +190,10 @@ class Study:
 
     def baseline(self, model: Any) -> dict | None:
         """profile.json: the profile of the plan's first run (its baseline) on ``model``, made on first use, or None."""
-        saved = self.profile_path and _read_json(self.profile_path)
-        if self.profile_path and (saved is None or rec.get_path(saved, "techniques.model_name") != model):
+        if self.profile_path is None:  # predictions off, or profiling failed
+            return None
+        saved = _read_json(self.profile_path)
+        if saved is None or rec.get_path(saved, "techniques.model_name") != model:
             first = p.build_spec(self.plan.entries[0], 0, self.settings)
             if rec.get_path(first.resolved, "model.model_name") != model:
                 return None
