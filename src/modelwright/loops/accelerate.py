@@ -6,7 +6,7 @@ To run: ``uv run python -m modelwright accelerate --config configs/amp.yaml`` (N
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
@@ -20,8 +20,9 @@ from torchmetrics.functional.classification import multiclass_accuracy
 
 from modelwright import CONFIGS_DIR, measure
 from modelwright.errors import require
+from modelwright.precision import precision as precision_of
 from modelwright.record import build_record, write_record
-from modelwright.train.args import DataArgs, ModelArgs
+from modelwright.train.args import DataArgs, ModelArgs, TrainerArgs, limited_batches
 from modelwright.train.datasets import image_datasets, image_loader
 from modelwright.train.models import apply_gradient_checkpointing, build_model, checkpointed_modules
 from modelwright.train.optim import build_optimizer, build_scheduler
@@ -29,52 +30,6 @@ from modelwright.train.runtime import set_cpu_malloc
 
 #: What ``python -m modelwright accelerate`` gives jsonargparse: base.yaml under every ``--config``.
 PARSER_KWARGS = {"default_config_files": [str(CONFIGS_DIR / "base.yaml")]}
-# Lightning's precision names → Accelerate's mixed_precision.
-MIXED_PRECISION = {"32-true": "no", "32": "no", "bf16-mixed": "bf16", "bf16": "bf16", "16-mixed": "fp16", "16": "fp16"}
-
-
-@dataclass
-class TrainerArgs:
-    """``trainer:``: the keys the loop applies; then Lightning's plumbing (devices: the launcher decides;
-    logger: only its ``init_args.name``; callbacks, plugins, checkpoints, progress bar), accepted and ignored."""
-
-    precision: str | int = "32-true"
-    accumulate_grad_batches: int = 1
-    max_epochs: int | None = None
-    max_steps: int = -1
-    limit_train_batches: int | float | None = None
-    limit_val_batches: int | float | None = None
-    check_val_every_n_epoch: int = 1
-    val_check_interval: int | float = 1.0
-    log_every_n_steps: int = 50
-    gradient_clip_val: float | None = None
-    strategy: str | dict = "auto"
-    accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "auto"
-    devices: int | str | list = "auto"
-    num_nodes: int = 1
-    logger: bool | dict | None = None
-    callbacks: list | dict | None = field(default_factory=list)
-    plugins: list | dict | None = None
-    enable_checkpointing: bool | None = None
-    enable_progress_bar: bool | None = None
-    enable_model_summary: bool | None = None
-    num_sanity_val_steps: int | None = None
-
-    def __post_init__(self) -> None:
-        valid = ", ".join(MIXED_PRECISION)
-        require(str(self.precision) in MIXED_PRECISION, f"trainer.precision: {self.precision!r}; valid here: {valid}")
-        strategy = self.strategy if isinstance(self.strategy, str) else str(self.strategy.get("class_path"))
-        require(strategy in ("auto", "ddp") or strategy.endswith(".DDPStrategy"),
-                f"trainer.strategy: {strategy} is not run by the accelerate loop (data parallel only); use main.py fit")
-        for key in ("accumulate_grad_batches", "check_val_every_n_epoch", "log_every_n_steps"):
-            require(getattr(self, key) >= 1, f"trainer.{key}: must be an integer >= 1, got {getattr(self, key)}")
-        require(self.max_epochs != -1 or self.max_steps != -1, "trainer.max_epochs: -1 with max_steps -1 never ends")
-
-
-def _batches(length: int, limit: int | float | None) -> int:  # Lightning's limit_*_batches: a count or a fraction
-    return length if limit is None else min(length, limit if isinstance(limit, int) else int(length * limit))
-
-
 def accelerate(  # the defaults are instances: jsonargparse reads their fields as the sections' defaults
     model: ModelArgs = ModelArgs(),  # noqa: B008
     data: DataArgs = DataArgs(),  # noqa: B008
@@ -103,9 +58,10 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
               "model": asdict(m), "data": asdict(data), "trainer": asdict(t)}
     set_cpu_malloc(cpu_malloc)
     cpu = t.accelerator == "cpu" or not torch.cuda.is_available()
-    mixed = MIXED_PRECISION[str(t.precision)]
-    mixed = "bf16" if mixed == "fp16" and cpu else mixed  # as Lightning: float16 autocast needs a GPU
-    precision = {"no": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[mixed]
+    precision = precision_of(t.precision).name
+    if precision == "16-mixed" and cpu:  # as Lightning: float16 autocast needs a GPU
+        precision = "bf16-mixed"
+    mixed = precision_of(precision).accelerate
     logger = (t.logger.get("init_args") if isinstance(t.logger, dict) else None) or {}
     root = Path(out) / (logger.get("name") or "lightning_logs") / "accelerate"  # beside the Lightning runs
     accelerator = Accelerator(cpu=cpu, mixed_precision=mixed, gradient_accumulation_steps=k,
@@ -124,8 +80,8 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
                                 weight_decay=m.weight_decay, optimizer_impl=m.optimizer_impl)
     net, optimizer, train_loader, val_loader = accelerator.prepare(net, optimizer, train_loader, val_loader)
 
-    train_batches = _batches(len(train_loader), t.limit_train_batches)
-    val_batches = _batches(len(val_loader), t.limit_val_batches)
+    train_batches = limited_batches(len(train_loader), t.limit_train_batches)
+    val_batches = limited_batches(len(val_loader), t.limit_val_batches)
     v = t.val_check_interval
     val_every = v if isinstance(v, int) else max(1, int(train_batches * v))
     require(train_batches == len(train_loader) or train_batches % k == 0,  # Lightning steps at a limited epoch's end

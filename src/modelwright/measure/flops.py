@@ -18,7 +18,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from modelwright.errors import ConfigError
 from modelwright.measure.facts import available_cpus, cpu_model, cpuinfo, cuda_device
+from modelwright.precision import precision
 from modelwright.record import DEFINITIONS_VERSION, write_text_atomic
 
 
@@ -50,12 +52,13 @@ def training_flops(module: nn.Module, example_input: torch.Tensor,
     return int(counter.get_total_flops())
 
 
-def compute_dtype(precision: str | int | None) -> torch.dtype:
-    """The dtype a run's matmuls use: ``"bf16-mixed"`` → bfloat16, ``"16-mixed"`` → float16, else float32."""
-    p = str(precision or "32").lower()
-    if p.startswith(("bf16", "transformer-engine")):
-        return torch.bfloat16
-    return torch.float64 if p.startswith("64") else torch.float16 if p.startswith("16") else torch.float32
+def compute_dtype(precision_name: str | int | None) -> torch.dtype:
+    """The dtype a run's matmuls use (:data:`modelwright.precision.PRECISIONS`): ``"bf16-mixed"`` → bfloat16,
+    ``"16-mixed"`` → float16; float32 for ``None`` or a precision the table does not know."""
+    try:
+        return getattr(torch, precision(precision_name).compute_dtype)
+    except ConfigError:
+        return torch.float32
 
 
 def mfu(flops_per_step: float | None, step_time_s: float | None, peak_flops_per_s: float | None) -> float | None:

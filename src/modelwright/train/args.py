@@ -1,15 +1,16 @@
-"""The ``model:`` and ``data:`` sections of a config as plain dataclasses that check themselves; no Lightning.
-
+"""The ``model:``, ``data:`` and (for the Accelerate loop) ``trainer:`` sections of a config as plain dataclasses that
+check themselves; no Lightning.
 The Accelerate loop parses the sections with them; ImageClassifier and ImageDataModule keep the typed ``__init__``
 that is LightningCLI's schema and pass it through them, so a field added to one side alone fails every run at once.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, TypeVar
 
 from modelwright.errors import require
+from modelwright.precision import PRECISIONS, precision
 
 CIFAR10_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
 
@@ -67,6 +68,51 @@ class DataArgs:
             missing = [name for name in CIFAR10_FILES if not (folder / name).is_file()]
             require(not missing, f"data.data_dir: no CIFAR-10 files in {folder} (missing {', '.join(missing)}); "
                     "set data.download: true or point data.data_dir at an extracted cifar-10-python.tar.gz")
+
+
+@dataclass
+class TrainerArgs:
+    """``trainer:``: the keys the loop applies; then Lightning's plumbing (devices: the launcher decides;
+    logger: only its ``init_args.name``; callbacks, plugins, checkpoints, progress bar), accepted and ignored."""
+
+    precision: str | int = "32-true"
+    accumulate_grad_batches: int = 1
+    max_epochs: int | None = None
+    max_steps: int = -1
+    limit_train_batches: int | float | None = None
+    limit_val_batches: int | float | None = None
+    check_val_every_n_epoch: int = 1
+    val_check_interval: int | float = 1.0
+    log_every_n_steps: int = 50
+    gradient_clip_val: float | None = None
+    strategy: str | dict = "auto"
+    accelerator: Literal["auto", "cpu", "gpu", "cuda"] = "auto"
+    devices: int | str | list = "auto"
+    num_nodes: int = 1
+    logger: bool | dict | None = None
+    callbacks: list | dict | None = field(default_factory=list)
+    plugins: list | dict | None = None
+    enable_checkpointing: bool | None = None
+    enable_progress_bar: bool | None = None
+    enable_model_summary: bool | None = None
+    num_sanity_val_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        mixed = [p.name for p in PRECISIONS.values() if p.accelerate is not None]
+        require(precision(self.precision).accelerate is not None,
+                f"trainer.precision: {self.precision!r} is not run by the accelerate loop; "
+                f"valid here: {', '.join(mixed)}")
+        strategy = self.strategy if isinstance(self.strategy, str) else str(self.strategy.get("class_path"))
+        require(strategy in ("auto", "ddp") or strategy.endswith(".DDPStrategy"),
+                f"trainer.strategy: {strategy} is not run by the accelerate loop (data parallel only); use main.py fit")
+        for key in ("accumulate_grad_batches", "check_val_every_n_epoch", "log_every_n_steps"):
+            require(getattr(self, key) >= 1, f"trainer.{key}: must be an integer >= 1, got {getattr(self, key)}")
+        require(self.max_epochs != -1 or self.max_steps != -1, "trainer.max_epochs: -1 with max_steps -1 never ends")
+
+
+def limited_batches(length: int, limit: int | float | None) -> int:
+    """The batches of a loader of ``length`` that Lightning's ``limit_*_batches`` (a count or a fraction) leaves."""
+    return length if limit is None else min(length, limit if isinstance(limit, int) else int(length * limit))
 
 
 Args = TypeVar("Args", ModelArgs, DataArgs)
