@@ -17,7 +17,14 @@ from lightning.pytorch.loggers import TensorBoardLogger
 
 from callbacks._glue import first_tensor, log_every, measurements, quiet_lightning, unwrap_net
 from modelwright import measure
-from modelwright.record import ANATOMY_CATEGORIES, METRIC_KEYS, append_record, build_record, to_jsonable, write_record
+from modelwright.record import (
+    ANATOMY_CATEGORIES,
+    METRIC_KEYS,
+    append_record,
+    build_record,
+    to_jsonable,
+    write_record,
+)
 from modelwright.train.models import checkpointed_modules
 
 _STRATEGY_NAMES = {"SingleDeviceStrategy": "single_device", "ModelParallelStrategy": "model_parallel",

@@ -14,7 +14,13 @@ from jsonargparse.typing import ClosedUnitInterval, PositiveFloat, PositiveInt
 from modelwright.errors import ConfigError, require
 from modelwright.planner import memory
 from modelwright.planner.memory import MIB, _cfg, largest_batch, param_state_bytes, predict_peak_mib
-from modelwright.planner.scale import DEFAULT_PRICES, Assumptions, markdown_tables, predict_step, spec_from_record
+from modelwright.planner.scale import (
+    DEFAULT_PRICES,
+    Assumptions,
+    markdown_tables,
+    predict_step,
+    spec_from_record,
+)
 from modelwright.record import get_path, read_record, read_records
 from modelwright.report.fmt import sig, table
 

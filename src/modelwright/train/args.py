@@ -1,5 +1,6 @@
 """The ``model:``, ``data:`` and (for the Accelerate loop) ``trainer:`` sections of a config as plain dataclasses that
 check themselves; no Lightning.
+
 The Accelerate loop parses the sections with them; ImageClassifier and ImageDataModule keep the typed ``__init__``
 that is LightningCLI's schema and pass it through them, so a field added to one side alone fails every run at once.
 """
