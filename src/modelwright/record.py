@@ -93,9 +93,18 @@ class Timing:
     step_time_min_ms: float | None = _f("Fastest measured step.", "ms")
     step_time_max_ms: float | None = _f("Slowest measured step.", "ms")
     steps_per_epoch: int | None = _f("Optimizer steps per training epoch.", "steps")
-    epoch_time_s: float | None = _f("steps_per_epoch × median step time (training only).", "s")
+    epoch_time_s: float | None = _f("Wall time of the last whole training epoch: its steps, data loading and the "
+                                    "validations inside it; null if no epoch ran to its end.", "s")
+    epoch_steps: int | None = _f("Optimizer steps in that epoch.", "steps", optional=True)
+    epoch_validation_s: float | None = _f("Time of the validations inside that epoch.", "s", optional=True)
+    epoch_validations: int | None = _f("Validations inside that epoch.", optional=True)
     samples_per_s: float | None = _f("effective_batch_size ÷ median step time.", "samples/s")
     wall_time_s: float | None = _f("Wall-clock time of the whole fit, validation included.", "s")
+    cpu_time_s: float | None = _f("CPU time (user + system, all threads) of the process over the fit.", "s",
+                                  optional=True)
+    step_cpu_utilization: float | None = _f("CPU time during the measured steps ÷ (their wall time × the threads "
+                                            "torch uses): near 1 when the cores were the run's alone.", "fraction",
+                                            optional=True)
 
 
 @dataclasses.dataclass
@@ -173,7 +182,8 @@ class RunRecord:
 
     schema_version: int = _f("Version of this schema.", choices=(SCHEMA_VERSION,), default=SCHEMA_VERSION)
     run_id: str = _f("Unique id of the run (the caller's, or UTC time + random suffix).", default="")
-    status: str = _f("How the run ended.", choices=("ok", "failed", "diverged", "interrupted", "oom"), default="ok")
+    status: str = _f("How the run ended; ``running`` while it runs.",
+                     choices=("ok", "failed", "diverged", "interrupted", "oom", "running"), default="ok")
     error: str | None = _f("One line, Type: message, for every status but ok (may be set for diverged).")
     loop: str = _f("The training loop that wrote it.", choices=("lightning", "accelerate", "raw"), default="lightning")
     created_at: str = _f("When the record was written, ISO 8601 with UTC offset.", default="")
