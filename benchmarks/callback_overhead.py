@@ -4,11 +4,11 @@ To run: ``uv run benchmarks/callback_overhead.py`` (add ``--steps 20 --repeats 5
 ``--model smallcnn --batch-size 16 --steps 6 --repeats 1`` for a smoke run).
 
 Each repeat trains the same config from ``configs/base.yaml`` twice in this process, once with the
-measurement callbacks (``StepTimeMonitor``, ``MemoryMonitor``, ``RunRecord``) and once
-without, alternating which goes first. A probe callback of its own, present in both runs, times every
+measurement callback (``RunMonitor``: the step probe and the record) and once
+without, alternating which goes first. A step clock of its own, present in both runs, times every
 optimizer step as the interval between consecutive ``on_train_batch_start`` calls, so all hooks of a
 step, data loading and logging are inside. Left out: the first ``--warmup`` steps and, with the
-callbacks on, the steps a ``Measurement`` callback announces as perturbed (the memory-anatomy capture).
+callbacks on, the step whose memory anatomy the probe captured.
 The median over the pairs of the ratio of median step times, callbacks on ÷ off, is the side-by-side figure
 (each pair ran back to back, so a shared machine's slow drifts cancel, but not its step-to-step noise).
 
@@ -43,20 +43,17 @@ from lightning.pytorch.callbacks import Callback
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repository root: `callbacks` package
 
-from callbacks._glue import Measurement  # noqa: E402
-from callbacks.memory_monitor import MemoryMonitor  # noqa: E402
-from callbacks.run_record import RunRecord  # noqa: E402
-from callbacks.step_timer import StepTimeMonitor  # noqa: E402
+from callbacks.run_monitor import RunMonitor  # noqa: E402
 from modelwright.measure import device_sync, hardware_info, percentile, versions  # noqa: E402
 from modelwright.study import hardware_slug  # noqa: E402
 from modelwright.train.cli import BASE_CONFIG, ModelwrightCLI  # noqa: E402
 from modelwright.train.data import ImageDataModule  # noqa: E402
 from modelwright.train.module import ImageClassifier  # noqa: E402
 
-MEASUREMENT = (StepTimeMonitor, MemoryMonitor, RunRecord)
+MEASUREMENT = (RunMonitor,)
 
 
-class StepProbe(Callback):
+class StepClock(Callback):
     """Durations of optimizer steps: from one ``on_train_batch_start`` to the next (accumulation 1).
 
     The last step has no next start and is not kept (the end-of-epoch checkpoint would land in it).
@@ -88,7 +85,7 @@ class HookClock:
     """Wall time spent inside the hooks of some callbacks, charged to the step running at the time.
 
     Each hook a callback overrides is wrapped on the instance. A hook called between one
-    ``on_train_batch_start`` of the probe (which sets :attr:`current`) and the next is charged to that step;
+    ``on_train_batch_start`` of the step clock (which sets :attr:`current`) and the next is charged to that step;
     before the first step, to ``"setup"``; after the last, to ``"teardown"``.
     """
 
@@ -150,19 +147,15 @@ def one_run(
     trainer = cli.trainer
     if not callbacks_on:
         trainer.callbacks[:] = [cb for cb in trainer.callbacks if not isinstance(cb, MEASUREMENT)]
-    elif not any(isinstance(cb, StepTimeMonitor) for cb in trainer.callbacks):
+    elif not any(isinstance(cb, RunMonitor) for cb in trainer.callbacks):
         raise SystemExit("configs/base.yaml switches no measurement callbacks on: nothing to compare")
     clock = HookClock([cb for cb in trainer.callbacks if isinstance(cb, MEASUREMENT)]) if callbacks_on else None
-    probe = StepProbe(clock)
-    trainer.callbacks.insert(0, probe)
+    step_clock = StepClock(clock)
+    trainer.callbacks.insert(0, step_clock)
     trainer.fit(cli.model, cli.datamodule)
-    perturbers = [cb for cb in trainer.callbacks if isinstance(cb, Measurement)]
-    first = probe.durations[0][0] if probe.durations else 0
-    kept = [
-        (step, dt)
-        for step, dt in probe.durations
-        if step - first >= args.warmup and not any(cb.perturbs(step) for cb in perturbers)
-    ]
+    captured = {cb.probe.captured_step for cb in trainer.callbacks if isinstance(cb, RunMonitor)}
+    first = step_clock.durations[0][0] if step_clock.durations else 0
+    kept = [(step, dt) for step, dt in step_clock.durations if step - first >= args.warmup and step not in captured]
     if clock is not None and hooks is not None:
         hooks["per_step"].extend(clock.per_step.get(step, 0.0) for step, _ in kept)
         for label, seconds in clock.per_hook.items():

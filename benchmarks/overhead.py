@@ -367,7 +367,7 @@ def run(args: argparse.Namespace) -> int:
         tmp = Path(tmp_name)
         callbacks = patch_callbacks(base["trainer"]["callbacks"], args.warmup, None)
         for cb in callbacks:  # the memory-anatomy step (a tracker slows it down) inside the warm-up, not timed
-            if cb.get("class_path", "").endswith(".MemoryMonitor") and args.warmup > 0:
+            if cb.get("class_path", "").endswith(".RunMonitor") and args.warmup > 0:
                 cb["init_args"]["anatomy_step"] = args.warmup - 1
         callbacks_yaml = tmp / "callbacks.yaml"
         callbacks_yaml.write_text(json.dumps({"trainer": {"callbacks": callbacks}}))  # JSON is YAML

@@ -11,6 +11,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from callbacks import _lightning
 from modelwright.record import write_atomic
 
 
@@ -20,20 +21,17 @@ class ModelCheckpoint(_LightningCheckpoint):
     _after_validation = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        due = self._every_n_train_steps >= 1 and trainer.global_step % self._every_n_train_steps == 0
-        fetcher = trainer.fit_loop._data_fetcher  # whether a validation follows: Lightning's rule (a private method)
-        if (due and not self._should_skip_saving_checkpoint(trainer) and trainer.enable_validation
-                and fetcher is not None and trainer.fit_loop.epoch_loop._should_check_val_fx(fetcher)):
+        every = _lightning.every_n_train_steps(self)
+        due = every >= 1 and trainer.global_step % every == 0
+        if due and not _lightning.skips_saving(self, trainer) and _lightning.validation_follows(trainer):
             self._after_validation = True
             return
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if self._after_validation and not self._should_skip_saving_checkpoint(trainer):
+        if self._after_validation and not _lightning.skips_saving(self, trainer):
             self._after_validation = False
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+            _lightning.save_checkpoint_now(self, trainer)
         super().on_validation_end(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:

@@ -1,159 +1,159 @@
-"""Faults a fit meets, handled so that the run ends the way its record says: non-finite losses, GradScaler
-skips, SIGTERM, and ranks that fail under DDP."""
+"""How a fit stops when asked to, or when one of its processes fails: SIGTERM and Ctrl-C end it at a point a resume
+continues from exactly, with a checkpoint and the command that resumes; a failing DDP rank ends every process."""
 
 import atexit
+import os
+import shlex
 import signal
+import sys
+import threading
 import warnings
-from collections import namedtuple
 from pathlib import Path
-from typing import Any, Literal
 
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from callbacks._glue import Measurement
+from callbacks import _lightning
 
+class _StopSignals:
+    """This process's handler of SIGTERM and SIGINT while a fit runs (signals are process-wide): the first one asks
+    the fit to stop; outside a fit, the handlers that were there before decide."""
 
-class NonFiniteLossError(FloatingPointError):
-    """The training loss was NaN or infinite (raised by :class:`NonFiniteLossGuard` on every rank alike)."""
+    def __init__(self) -> None:
+        self.received: int | None = None  # the first stop signal of the current fit
+        self.fitting = False
+        self.previous: dict[int, object] = {}
 
-
-# A micro-batch's loss (``finite``: a device bool tensor, read only when checked) and its optimizer step, epoch, batch.
-_MicroBatch = namedtuple("_MicroBatch", "finite loss step epoch batch_idx")
-
-
-class NonFiniteLossGuard(Measurement):
-    """Stops the fit at the first non-finite training loss, or skips and counts such optimizer steps; under
-    ``16-mixed`` it also counts the steps the GradScaler skipped (loss-scale search, not divergence).
-
-    Args:
-        on_nonfinite: ``stop``: raise :class:`NonFiniteLossError` naming the step; ``skip``: drop the optimizer step
-            (gradients set to ``None``: parameters and optimizer state stay), put back the buffers its forwards
-            changed (BatchNorm's statistics), and count it.
-        max_skipped_steps: with ``skip``, stop once more than this many steps were skipped; ``None``: never.
-
-    A step is named by ``trainer.global_step`` while it ran; one non-finite micro-batch loss condemns its step.
-    One host read per batch, and under DDP a one-element all-reduce so that every rank decides alike.
-    """
-
-    def __init__(self, on_nonfinite: Literal["stop", "skip"] = "stop", max_skipped_steps: int | None = None) -> None:
-        super().__init__()
-        if on_nonfinite not in ("stop", "skip"):  # jsonargparse checks the Literal; a Python caller gets this
-            raise ValueError(f"NonFiniteLossGuard.on_nonfinite: {on_nonfinite!r}; valid: stop, skip")
-        if max_skipped_steps is not None and max_skipped_steps < 0:
-            raise ValueError(f"NonFiniteLossGuard.max_skipped_steps: must be >= 0 or null, got {max_skipped_steps}")
-        self.on_nonfinite, self.max_skipped_steps = on_nonfinite, max_skipped_steps
-        self.skipped_at: list[int] = []  # the first 100 skipped steps
-        self.skipped_steps, self.diverged, self.diverged_at_step = 0, False, None
-        self._pending: list[_MicroBatch] = []
-        self._buffers: list[torch.Tensor] = []  # skip: the module's buffers as the step found them
-        self._scale_before: torch.Tensor | None = None
-        self._scaler_skipped: torch.Tensor | int = 0  # a device tensor once a GradScaler ran: no host read per step
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self.on_nonfinite == "skip" and not self._pending:  # the first micro-batch of a step
-            self._buffers = [b.detach().clone() for b in pl_module.buffers()]
-
-    def on_before_backward(self, trainer, pl_module, loss) -> None:  # training only: validation has no backward
-        loss, batch_idx = loss.detach(), trainer.fit_loop.epoch_loop.batch_idx
-        micro = _MicroBatch(torch.isfinite(loss).all(), loss, trainer.global_step, trainer.current_epoch, batch_idx)
-        self._pending.append(micro)
-
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if (scale := _scale(trainer)) is not None:
-            self._scale_before = scale.clone()
-        if self.on_nonfinite != "skip" or (bad := self._first_nonfinite(trainer)) is None:
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():  # where Python can set a handler
             return
-        optimizer.zero_grad(set_to_none=True)  # an optimizer step over no gradients changes nothing
-        with torch.no_grad():
-            for buffer, saved in zip(pl_module.buffers(), self._buffers, strict=True):
-                buffer.copy_(saved)
-        self.skipped_steps += 1
-        if len(self.skipped_at) < 100:
-            self.skipped_at.append(bad.step)
-        if self.max_skipped_steps is not None and self.skipped_steps > self.max_skipped_steps:
-            self._stop(bad, f"; {self.skipped_steps} steps skipped, max_skipped_steps={self.max_skipped_steps}")
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            current = signal.getsignal(signum)
+            if current is not self.handle:
+                self.previous[signum] = current
+            signal.signal(signum, self.handle)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._scale_before is not None and (scale := _scale(trainer)) is not None:
-            # The scale only goes down when the scaler skipped the step.
-            self._scaler_skipped = self._scaler_skipped + (scale < self._scale_before).int()
-        self._scale_before = None
-        if self.on_nonfinite == "stop" and (bad := self._first_nonfinite(trainer)) is not None:
-            self._stop(bad, "")
+    def handle(self, signum: int, frame: object) -> None:
+        if not self.fitting and self.received is None:
+            return self._previous(signum, frame)
+        if self.received == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop at once (Lightning's own shutdown)
+        if self.received is not None:
+            return None  # already stopping: a second SIGTERM (a scheduler's reminder) changes nothing
+        self.received = signum
+        name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
+        again = "; press Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
+        print(f"\n{name}: stopping after the optimizer step in flight, with a checkpoint{again}",
+              file=sys.stderr, flush=True)
+        return None
 
-    def _first_nonfinite(self, trainer) -> _MicroBatch | None:
-        """The first micro-batch since the last check whose loss was not finite, on any rank (one host read)."""
-        pending, self._pending = self._pending, []
-        if not pending:
-            return None
-        all_finite = torch.stack([mb.finite for mb in pending]).all()
-        if trainer.world_size > 1:
-            all_finite = trainer.strategy.reduce((~all_finite).float(), reduce_op="sum") == 0
-        return None if bool(all_finite) else next((mb for mb in pending if not bool(mb.finite)), pending[0])
-
-    def _stop(self, bad: _MicroBatch, why: str) -> None:
-        what = "not finite on another rank" if bool(bad.finite) else f"{float(bad.loss.float().mean())}"
-        self.diverged, self.diverged_at_step = True, bad.step
-        raise NonFiniteLossError(f"train/loss is {what} at step {bad.step} (epoch {bad.epoch}, batch {bad.batch_idx})"
-                                 f"{why}; stopped by NonFiniteLossGuard(on_nonfinite={self.on_nonfinite})")
-
-    @property
-    def scaler_skipped_steps(self) -> int | None:
-        """Optimizer steps the GradScaler skipped (inf/NaN gradients); ``None`` when no GradScaler ran."""
-        return int(self._scaler_skipped.item()) if isinstance(self._scaler_skipped, torch.Tensor) else None
-
-    def record_sections(self, trainer, pl_module) -> dict[str, dict]:
-        return {"faults": {
-            "on_nonfinite": self.on_nonfinite, "diverged": self.diverged, "diverged_at_step": self.diverged_at_step,
-            "nonfinite_skipped_steps": self.skipped_steps, "nonfinite_skipped_at": list(self.skipped_at),
-            "scaler_skipped_steps": self.scaler_skipped_steps}}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"skipped_steps": self.skipped_steps, "skipped_at": list(self.skipped_at),
-                "scaler_skipped_steps": self.scaler_skipped_steps}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.skipped_steps, self.skipped_at = state_dict["skipped_steps"], list(state_dict["skipped_at"])
-        scaler_skipped = state_dict["scaler_skipped_steps"]  # None: no GradScaler ran
-        self._scaler_skipped = 0 if scaler_skipped is None else torch.tensor(scaler_skipped)
+    def _previous(self, signum: int, frame: object) -> None:
+        previous = self.previous.get(signum, signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
 
-def _scale(trainer) -> torch.Tensor | None:
-    """The enabled GradScaler's scale: its device tensor, as ``get_scale()`` would stall the host; else None."""
-    scaler = getattr(trainer.precision_plugin, "scaler", None)
-    return scaler._scale if scaler is not None and scaler.is_enabled() else None
+_STOP = _StopSignals()
+
+
+def stop_signal() -> int | None:
+    """The signal that asked the current fit to stop (``signal.SIGTERM`` or ``signal.SIGINT``), or None."""
+    return _STOP.received
 
 
 class GracefulStop(Callback):
-    """SIGTERM saves ``last.ckpt`` and exits 143 (Lightning: a flag, then ``SIGTERMException`` with status 0);
-    under DDP, a failure ends every process, promptly.
+    """SIGTERM or Ctrl-C stops the fit after the optimizer step in flight (or after a validation that runs between
+    steps), saves ``last.ckpt``, prints the command that resumes, and exits 143 (SIGTERM) or 130 (Ctrl-C): 128 +
+    the signal, the shell's convention. The record says ``interrupted``. A second Ctrl-C stops at once, without a
+    checkpoint; a second SIGTERM changes nothing. Under DDP every rank stops after the same step (one
+    one-element all-reduce per step); any other exception on rank 0 SIGKILLs the child ranks as it exits, or they
+    would hold memory till the process-group timeout (Lightning's launcher kills the others ~5 s after a child
+    rank fails).
 
     Args:
-        filename: checkpoint written on SIGTERM in the first ``ModelCheckpoint``'s folder (none without one).
-        exit_code: exit status of a process stopped by SIGTERM (128 + 15, the shell's convention).
-
-    Under DDP Lightning's launcher SIGKILLs every rank ~5 s after a child rank fails. A stop every rank takes
-    (SIGTERM, :class:`NonFiniteLossError`) ends with a barrier after rank 0's checkpoint and record (list this after
-    ``RunRecord``: ``on_exception`` runs in list order); any other exception on rank 0 SIGKILLs the child ranks as
-    it exits, or they would hold memory till the process-group timeout.
+        filename: the checkpoint written on a stop, in the first ``ModelCheckpoint``'s folder (none without one).
     """
 
-    def __init__(self, filename: str = "last", exit_code: int = 128 + signal.SIGTERM) -> None:
+    def __init__(self, filename: str = "last") -> None:
         super().__init__()
-        self.filename, self.exit_code = filename, exit_code
+        self.filename = filename
+        self._in_step = False
+        self._steps_at_batch_start = 0
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        # Before Lightning registers its handlers: its teardown puts these back, so a signal that arrives while
+        # the run ends (a second SIGTERM) is still ours and the exit status stays 143.
+        _STOP.received = None
+        _STOP.fitting = stage == "fit"
+        _STOP.install()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # After Lightning's handlers: ours alone, so a signal waits for the step in flight instead of Lightning's
+        # stop at the next batch end, which may fall inside an accumulation cycle.
+        _STOP.install()
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        _STOP.fitting = False  # a fit that ended: the handlers from before decide again
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._in_step = True
+        self._steps_at_batch_start = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step != self._steps_at_batch_start:  # the optimizer stepped: a point to stop at
+            self._in_step = False
+            self._stop_if_asked(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking and not self._in_step:
+            self._stop_if_asked(trainer)
+
+    def _stop_if_asked(self, trainer) -> None:
+        asked = torch.tensor(float(stop_signal() is not None), device=trainer.strategy.root_device)
+        if trainer.world_size > 1:  # every rank stops after the same step
+            asked = trainer.strategy.reduce(asked, reduce_op="sum")
+        if bool(asked > 0):
+            _lightning.request_stop(trainer)  # Lightning raises SIGTERMException at the end of this batch
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         if isinstance(exception, SIGTERMException):
-            exception.code = self.exit_code
-            if (folder := getattr(trainer.checkpoint_callback, "dirpath", None)) is not None:
-                try:  # on every rank: it synchronizes them
-                    trainer.save_checkpoint(Path(folder) / f"{self.filename}.ckpt", weights_only=False)
-                except Exception as err:  # the stop must still happen, and say why it has no checkpoint
-                    warnings.warn(f"GracefulStop: no checkpoint on SIGTERM ({type(err).__name__}: {err})", stacklevel=2)
-        if trainer.world_size > 1 and isinstance(exception, (SIGTERMException, NonFiniteLossError)):
-            trainer.strategy.barrier("GracefulStop")
-        elif trainer.global_rank == 0:
+            signum = stop_signal() or signal.SIGTERM
+            exception.code = 128 + int(signum)
+            saved = self._save(trainer)
+            if trainer.is_global_zero and saved is not None:
+                print(f"checkpoint {saved}\nto resume: {_resume_command()}", file=sys.stderr, flush=True)
+            return
+        _STOP.fitting = False
+        if trainer.global_rank == 0:
             for proc in getattr(trainer.strategy.launcher, "procs", None) or ():
                 atexit.register(proc.kill)  # Popen.kill leaves a process that already exited alone
+
+    def _save(self, trainer) -> Path | None:
+        folder = getattr(trainer.checkpoint_callback, "dirpath", None)
+        if folder is None:
+            return None
+        path = Path(folder) / f"{self.filename}.ckpt"
+        try:  # on every rank: it synchronizes them
+            trainer.save_checkpoint(path, weights_only=False)
+        except Exception as err:  # the stop must still happen, and say why it has no checkpoint
+            warnings.warn(f"GracefulStop: no checkpoint on the stop ({type(err).__name__}: {err})", stacklevel=2)
+            return None
+        return path
+
+
+def _resume_command() -> str:
+    """The command line that resumes this run: this one with ``--ckpt_path last``."""
+    args = list(sys.argv[1:])
+    for flag in ("--ckpt_path",):
+        while flag in args:
+            at = args.index(flag)
+            del args[at:at + 2]
+        args = [a for a in args if not a.startswith(flag + "=")]
+    program = Path(sys.argv[0]).name if sys.argv else "main.py"
+    if program != "main.py":
+        return "the same command with --ckpt_path last"
+    return shlex.join(["uv", "run", "main.py", *args, "--ckpt_path", "last"])

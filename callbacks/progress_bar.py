@@ -11,28 +11,40 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 
 class ThrottledProgressBar(TQDMProgressBar):
     """``TQDMProgressBar`` whose bars redraw at most every ``min_interval_s`` seconds (0: as ``refresh_rate``
-    alone says), and always at a pass's last batch; ``refresh_rate`` and ``leave`` as ``TQDMProgressBar``'s."""
+    alone says), and always at a pass's last batch; ``refresh_rate`` and ``leave`` as ``TQDMProgressBar``'s.
+    A skipped redraw skips Lightning's whole batch-end update: the next one sets the bar's count absolutely."""
 
     def __init__(self, min_interval_s: float = 0.5, refresh_rate: int = 1, leave: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__(refresh_rate=refresh_rate, leave=leave)
         if min_interval_s < 0:
             raise ValueError(f"ThrottledProgressBar.min_interval_s: must be >= 0, got {min_interval_s}")
-        self.min_interval_s, self._clock, self._last_redraw = min_interval_s, clock, -float("inf")
+        self.min_interval_s = min_interval_s
+        self._clock = clock
+        self._last_redraw = -float("inf")
+
+    def due(self, current: int, total: int | float | None) -> bool:
+        """Whether the bar at batch ``current`` of ``total`` redraws now (and, if so, that it did)."""
+        now = self._clock()
+        if current != total and now - self._last_redraw < self.min_interval_s:
+            return False
+        self._last_redraw = now
+        return True
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.due(batch_idx + 1, self.train_progress_bar.total):
+            super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.due(batch_idx + 1, self.val_progress_bar.total):
+            super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 
     def on_train_end(self, trainer, pl_module) -> None:
         # A run stopped mid-epoch (max_steps, a signal) ends on its true count, not the last throttled redraw.
-        bar, done = self._train_progress_bar, trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        if bar is not None and not bar.disable and bar.n != done:
+        bar = self.train_progress_bar
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        if not bar.disable and bar.n != done:
             bar.n = done
             bar.set_postfix(self.get_metrics(trainer, pl_module))
             bar.refresh()
         super().on_train_end(trainer, pl_module)
-
-    def _should_update(self, current: int, total: int) -> bool:  # TQDMProgressBar's one decision point
-        now = self._clock()
-        due = current == total or now - self._last_redraw >= self.min_interval_s
-        if due and super()._should_update(current, total):
-            self._last_redraw = now
-            return True
-        return False

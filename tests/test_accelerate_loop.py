@@ -102,11 +102,26 @@ def test_accumulation_and_checkpointing_match_lightning_including_a_short_last_c
         tmp_path, "--trainer.accumulate_grad_batches", "2", "--data.batch_size", "2", "--data.train_size", "10",
         "--trainer.max_epochs", "2", "--model.gradient_checkpointing", "block",
     )
-    assert [s for s, _ in accelerate["history"]["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    assert [s for s, _ in accelerate["history"]["train/loss"]] == [0, 1, 2, 3, 4, 5]
     assert_same_history(lightning, accelerate, "train/loss", rel=1e-5)
     assert accelerate["techniques"]["checkpointed_segments"] == 6, "smallcnn: six conv blocks"
     assert accelerate["techniques"]["effective_batch_size"] == 4
     assert accelerate["flops"]["flops_per_step"] == 2 * accelerate["flops"]["flops_per_micro_batch"]
+
+
+def test_a_validation_inside_the_captured_step_stays_out_of_the_capture(tmp_path):
+    """As in the Lightning run (tests/test_callbacks.py): a validation after micro-batch 2, the first of the
+    captured step 1, leaves the anatomy as without it, and a step it falls inside is not timed."""
+    common = [*SMALL, "--trainer.accumulate_grad_batches", "2", "--data.train_size", "48", "--warmup_steps", "1",
+              "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "2"]
+    _, inside = run([*common, "--trainer.val_check_interval", "3", "--out", str(tmp_path / "inside")])
+    _, after = run([*common, "--out", str(tmp_path / "after")])
+    assert inside["status"] == "ok" and inside["memory"]["anatomy_step"] == 1
+    step_memory = {k: v for k, v in inside["memory"]["anatomy_mib"].items() if k != "inputs"}
+    assert step_memory == {k: after["memory"]["anatomy_mib"][k] for k in step_memory}, "an evaluation entered it"
+    assert inside["timing"]["measured_steps"] == 3 and after["timing"]["measured_steps"] == 4
+    assert [s for s, _ in inside["history"]["val/loss"]] == [1, 2, 4, 5]
+    assert torch._C._len_torch_dispatch_stack() == 0
 
 
 def test_accumulated_steps_equal_one_large_batch_with_plain_sgd(tmp_path):

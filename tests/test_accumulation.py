@@ -47,20 +47,20 @@ def test_accumulated_gradient_equals_large_batch(tmp_path):
 
 
 def _fit_anatomy(tmp_path, monkeypatch, free_after_step: bool):
-    """A 2-step smallcnn fit whose second step's memory is captured by the MemoryMonitor."""
-    from callbacks.memory_monitor import MemoryMonitor
+    """A 2-step smallcnn fit whose second step's memory is captured by the RunMonitor."""
+    from callbacks.run_monitor import RunMonitor
 
     if not free_after_step:  # Lightning's own order: gradients freed only after the next forward
         monkeypatch.setattr(ImageClassifier, "optimizer_step", pl.LightningModule.optimizer_step)
     pl.seed_everything(0)
     model = ImageClassifier(model_name="smallcnn", scheduler="none")
-    monitor = MemoryMonitor(warmup_steps=1)
+    monitor = RunMonitor(warmup_steps=1, summary=False, record_path=str(tmp_path / 'record.json'))
     trainer = pl.Trainer(
         accelerator="cpu", max_steps=2, callbacks=[monitor], logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_path,
     )
     trainer.fit(model, ImageDataModule(batch_size=8, train_size=16, val_size=8))
-    return monitor.anatomy_mib, model
+    return monitor.probe.anatomy_mib, model
 
 
 def test_gradients_are_freed_after_the_optimizer_step(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""The measurement callbacks in short CPU runs: TensorBoard scalars read back, the record written and valid,
-failures recorded, the base config's callbacks through the CLI, and DDP with 2 CPU processes."""
+"""The RunMonitor (the step probe under Lightning's hooks) in short CPU runs: TensorBoard scalars read back, the
+record written and valid, failures recorded, the base config's callbacks through the CLI."""
 
 from __future__ import annotations
 
@@ -18,13 +18,11 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from callbacks._glue import quiet_lightning
-from callbacks.memory_monitor import MemoryMonitor
 from callbacks.model_summary import FlopsModelSummary
-from callbacks.run_record import RunRecord
-from callbacks.step_timer import StepTimeMonitor
+from callbacks.run_monitor import RunMonitor
 from modelwright.measure import MIB, error_status, hardware_peak, training_flops
 from modelwright.record import read_record, validate_record
-from modelwright.report.fmt import pct, sig
+from modelwright.report.fmt import duration, flop_count, pct, sig
 from modelwright.train.cli import cli_main
 from modelwright.train.data import ImageDataModule
 from modelwright.train.models import build_model
@@ -52,11 +50,7 @@ def measured_trainer(tmp_path: Path, warmup: int = 2, **trainer_kwargs) -> pl.Tr
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        callbacks=[
-            StepTimeMonitor(warmup_steps=warmup, peak_flops_per_s=PEAK),
-            MemoryMonitor(warmup_steps=warmup),
-            RunRecord(),
-        ],
+        callbacks=[RunMonitor(warmup_steps=warmup, peak_flops_per_s=PEAK)],
     )
     kwargs.update(trainer_kwargs)
     return pl.Trainer(**kwargs)
@@ -78,18 +72,15 @@ def test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record(tmp_path)
 
     log_dir = Path(trainer.logger.log_dir)
     tb = scalars(log_dir)
-    for tag in (
-        "perf/step_time_ms",
-        "perf/samples_per_s",
-        "perf/mfu",
-        "perf/step_time_median_ms",
-        "mem/peak_allocated_mib",
-        "mem/anatomy_total_mib",
-        "mem/process_rss_peak_mib",
-    ):
+    for tag in ("perf/step_time_ms", "perf/samples_per_s", "perf/mfu", "mem/peak_allocated_mib",
+                "mem/process_rss_peak_mib"):
         assert tag in tb, f"{tag} missing from {sorted(tb)}"
-    # Steps 0 and 1 are warm-up, step 2 is the anatomy capture: steps 3..5 are timed (logged at 4..6).
-    assert [step for step, _ in tb["perf/step_time_ms"]] == [4, 5, 6]
+    # Steps 0 and 1 are warm-up, step 2 is the anatomy capture: steps 3..5 are timed, logged at their own index,
+    # as Lightning logs train/*.
+    assert [step for step, _ in tb["perf/step_time_ms"]] == [3, 4, 5]
+    assert [step for step, _ in tb["train/loss"]] == [0, 1, 2, 3, 4, 5]
+    single = {"perf/step_time_median_ms", "perf/flops_per_step", "perf/peak_flops_per_s", "mem/anatomy_total_mib"}
+    assert not single & set(tb), "one-value figures go to the text tab, not to one-dot charts"
 
     record = read_record(log_dir / "record.json")  # validates
     assert record["status"] == "ok" and record["loop"] == "lightning"
@@ -98,9 +89,12 @@ def test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record(tmp_path)
     median_s = timing["step_time_median_ms"] / 1e3
     assert sorted(v for _, v in tb["perf/step_time_ms"])[1] == pytest.approx(timing["step_time_median_ms"], rel=1e-5)
     assert timing["steps_per_epoch"] == 6
-    assert timing["epoch_time_s"] == pytest.approx(6 * median_s)
+    # The epoch is measured whole: its 6 steps (the warm-up and captured ones too), loading and its validation.
+    assert timing["epoch_steps"] == 6 and timing["epoch_validations"] == 1
+    assert 0 < timing["epoch_validation_s"] < timing["epoch_time_s"] < timing["wall_time_s"]
+    assert timing["epoch_time_s"] > 3 * timing["step_time_min_ms"] / 1e3 + timing["epoch_validation_s"]
     assert timing["samples_per_s"] == pytest.approx(8 / median_s)
-    assert timing["wall_time_s"] >= 6 * timing["step_time_min_ms"] / 1e3
+    assert timing["cpu_time_s"] > 0 and 0 < timing["step_cpu_utilization"] <= 1.05
 
     tech = record["techniques"]
     assert tech["model_name"] == "smallcnn" and tech["precision"] == "32-true"
@@ -124,12 +118,13 @@ def test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record(tmp_path)
     assert mem["peak_allocated_mib"] == mem["anatomy_mib"]["total"]  # CPU: the tracker's peak
     assert mem["peak_reserved_mib"] is None
     assert mem["rss_peak_mib"] > mem["peak_allocated_mib"]
-    assert tb["mem/anatomy_total_mib"] == [(3, pytest.approx(mem["anatomy_mib"]["total"], rel=1e-5))]
     assert not any(tag.startswith("mem/activations") for tag in tb), "categories go to one figure, not single dots"
 
-    assert record["metrics"]["val/acc"] is not None and record["metrics"]["train/loss"] is not None
-    assert [s for s, _ in record["history"]["train/loss"]] == [1, 2, 3, 4, 5, 6]
-    assert record["history"]["val/acc"][0][0] == 6
+    assert 0 <= record["metrics"]["val/acc"] <= 1 and record["metrics"]["train/loss"] > 0
+    assert record["metrics"]["val/acc"] == record["history"]["val/acc"][-1][1]
+    # One step numbering everywhere: the record's history is TensorBoard's.
+    assert record["history"]["train/loss"] == [[step, pytest.approx(value)] for step, value in tb["train/loss"]]
+    assert record["history"]["val/acc"][0][0] == 5 == tb["val/acc"][0][0]
     assert torch._C._len_torch_dispatch_stack() == 0
 
 
@@ -137,7 +132,7 @@ def test_accumulation_cycles_and_flops_per_step(tmp_path):
     trainer = measured_trainer(tmp_path, warmup=1, accumulate_grad_batches=2)
     model = small_model()
     trainer.fit(model, small_data(batch_size=4, train_size=32))  # 8 micro-batches = 4 optimizer steps
-    record = next(cb.record for cb in trainer.callbacks if isinstance(cb, RunRecord))
+    record = next(cb.record for cb in trainer.callbacks if isinstance(cb, RunMonitor))
     assert validate_record(record) == []
     # Step 0 warm-up, step 1 captured, steps 2 and 3 timed.
     assert record["memory"]["anatomy_step"] == 1 and record["timing"]["measured_steps"] == 2
@@ -196,23 +191,12 @@ class _Diverging(ImageClassifier):
         return loss, logits
 
 
-def test_diverged_run_is_recorded(tmp_path):
-    trainer = measured_trainer(tmp_path, max_steps=3)
-    trainer.fit(_Diverging(model_name="smallcnn", scheduler="none"), small_data())
-    record = read_record(Path(trainer.logger.log_dir) / "record.json")
-    assert record["status"] == "diverged" and "nan" in record["error"]
-    assert record["metrics"]["train/loss"] is None  # written as null
-
-
-def test_run_stopped_by_the_nonfinite_guard_is_diverged(tmp_path):
-    from callbacks.fault_tolerance import NonFiniteLossGuard
-
+def test_a_nonfinite_loss_stops_the_run_and_is_recorded_diverged(tmp_path):
     trainer = measured_trainer(tmp_path, max_steps=4)
-    trainer.callbacks.append(NonFiniteLossGuard(on_nonfinite="stop"))
-    with pytest.raises(FloatingPointError):
+    with pytest.raises(FloatingPointError, match="train/loss is nan at step 2"):
         trainer.fit(_Diverging(model_name="smallcnn", scheduler="none"), small_data())
     record = read_record(Path(trainer.logger.log_dir) / "record.json")
-    assert record["status"] == "diverged" and record["error"]
+    assert record["status"] == "diverged" and "step 2" in record["error"]
     assert record["faults"]["diverged"] is True and record["faults"]["diverged_at_step"] == 2
 
 
@@ -258,7 +242,7 @@ def test_base_config_callbacks_through_the_cli(tmp_path, monkeypatch):
     assert record["flops"]["peak_flops_per_s"] == peak.flops_per_s
     assert (record["flops"]["peak_flops_source"], record["flops"]["peak_flops_method"]) == (peak.source, peak.method)
     assert record["timing"]["measured_steps"] == 1  # 4 steps: 2 warm-up, 1 captured, 1 timed
-    assert "perf/step_time_ms" in scalars(path.parent) and "mem/anatomy_total_mib" in scalars(path.parent)
+    assert "perf/step_time_ms" in scalars(path.parent) and "mem/peak_allocated_mib" in scalars(path.parent)
 
 
 def test_progress_bar_redraws_at_most_every_interval_and_at_the_end():
@@ -269,11 +253,11 @@ def test_progress_bar_redraws_at_most_every_interval_and_at_the_end():
     decisions = []
     for batch in range(1, 9):  # a batch every 0.2 s, 8 batches in the pass
         now["t"] += 0.2
-        decisions.append(bar._should_update(batch, 8))
+        decisions.append(bar.due(batch, 8))
     # redraw at 0.2 s, then not before 0.7 s (batch 4 at 0.8 s), 1.4 s (batch 7), and always at the last batch
     assert decisions == [True, False, False, True, False, False, True, True]
     unthrottled = ThrottledProgressBar(min_interval_s=0.0, clock=lambda: 0.0)
-    assert all(unthrottled._should_update(b, 8) for b in range(1, 9))
+    assert all(unthrottled.due(b, 8) for b in range(1, 9))
     with pytest.raises(ValueError, match="min_interval_s"):
         ThrottledProgressBar(min_interval_s=-1)
 
@@ -295,12 +279,12 @@ def test_a_run_reports_itself_on_the_terminal_and_in_tensorboard(tmp_path, capsy
     log_dir = Path(trainer.logger.log_dir)
     record = read_record(log_dir / "record.json")
 
-    # Lightning's layer table, with the FLOPs the step timer counts (it printed "0 Total Flops").
-    from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
-
-    flops = get_human_readable_count(record["flops"]["flops_per_micro_batch"])
-    assert f"{flops}     Training FLOPs per micro-batch (forward + backward)" in caplog.text
-    assert re.search(r"\| net +\| SmallCNN +\| 576 K +\| train \| " + re.escape(flops), caplog.text)
+    # Lightning's layer table, with the FLOPs the step probe counts (it printed "0 Total Flops"), as FLOP counts
+    # (Lightning's "3.7 B" read like bytes).
+    flops = flop_count(record["flops"]["flops_per_micro_batch"])
+    assert flops.endswith(" GFLOP")
+    assert f"{flops} Training FLOPs per micro-batch (forward + backward)" in caplog.text
+    assert re.search(r"\| net +\| SmallCNN +\| 576 K +\| train \| \d[.\d]* GFLOP", caplog.text)
 
     # The end-of-run summary: after the run, with the record's figures and where things went.
     out = capsys.readouterr().out
@@ -309,12 +293,15 @@ def test_a_run_reports_itself_on_the_terminal_and_in_tensorboard(tmp_path, capsy
     assert "technique   32-true, micro-batch 8 x accumulate 1, checkpointing off, single_device x 1" in summary
     assert f"median {sig(timing['step_time_median_ms'])} ms, p90 {sig(timing['step_time_p90_ms'])}" in summary
     assert f"throughput  {sig(timing['samples_per_s'])} samples/s" in summary
-    top = sorted((v, k) for k, v in mem["anatomy_mib"].items() if k != "total" and v)[::-1][:3]
-    assert f"peak {sig(mem['peak_allocated_mib'])} MiB (mem-tracker): " + ", ".join(f"{k} {sig(v)}" for v, k in top) \
-        in summary
+    parts = {k: v for k, v in mem["anatomy_mib"].items() if k not in ("total", "inputs") and v}
+    top = sorted(parts, key=parts.get, reverse=True)[:3]
+    named = ", ".join(f"{k.replace('_', ' ')} {sig(parts[k])}" for k in top)
+    assert f"peak {sig(mem['peak_allocated_mib'])} MiB (mem-tracker): {named}; the data, " in summary
+    assert f"epoch       {duration(timing['epoch_time_s'])} (6 steps and 1 validation, " in summary
     assert f"MFU         {pct(fl['mfu'])} of 0.100 TFLOP/s (config: " in summary
     assert f"record      {log_dir / 'record.json'}" in summary
-    assert f"tensorboard uv run tensorboard --logdir {log_dir}" in summary
+    assert f"tensorboard uv run tensorboard --logdir {log_dir}   then open http://localhost:6006/?smoothing=0" \
+        in summary
 
     # TensorBoard: perf/ and mem/ grouped in a custom-scalars layout, the anatomy as a figure and a table.
     acc = _tensorboard(log_dir)
@@ -324,10 +311,14 @@ def test_a_run_reports_itself_on_the_terminal_and_in_tensorboard(tmp_path, capsy
     assert {cat.title for cat in layout.category} >= {"perf", "mem"}
     assert charts["step time (ms)"][0] == "perf/step_time_ms" and charts["MFU"] == ["perf/mfu"]
     assert "mem/process_rss_peak_mib" in charts["peak (MiB)"]
-    assert [e.step for e in acc.Images("mem/anatomy")] == [6]
+    assert [e.step for e in acc.Images("mem/anatomy")] == [mem["anatomy_step"]] == [2], "at the captured step"
     (table,) = acc.Tensors("mem/anatomy/text_summary")
     text = tensor_util.make_ndarray(table.tensor_proto).item().decode()
     assert f"| activations | {mem['anatomy_mib']['activations']:.1f} |" in text
+    assert f"| (the data: inputs, not in the peak) | {mem['anatomy_mib']['inputs']:.1f} |" in text
+    (figures,) = acc.Tensors("run/figures/text_summary")
+    text = tensor_util.make_ndarray(figures.tensor_proto).item().decode()
+    assert f"| step time, median (ms) | {sig(timing['step_time_median_ms'])} |" in text
 
 
 def test_records_get_normal_permissions(tmp_path):
@@ -375,3 +366,26 @@ def test_noise_nobody_can_act_on_is_silenced_at_its_source_and_only_there(caplog
             assert "a warning of our own" in messages
     finally:
         log.filters[:] = saved
+
+
+def _captured_with_validation_every(tmp_path: Path, interval: int | float) -> dict:
+    """Accumulation 2, batches of 4: 12 micro-batches, 6 steps; step 1 (micro-batches 2 and 3) is captured."""
+    trainer = measured_trainer(tmp_path, warmup=1, accumulate_grad_batches=2, val_check_interval=interval,
+                               limit_val_batches=2)
+    trainer.fit(small_model(), small_data(batch_size=4, train_size=48))
+    return read_record(Path(trainer.logger.log_dir) / "record.json")
+
+
+def test_a_validation_inside_the_captured_step_stays_out_of_the_capture(tmp_path):
+    """A validation after micro-batch 2, the first of the captured step, used to end the fit with MemTracker's
+    "multiple iterative calls" error; paused, it leaves the anatomy exactly as without it."""
+    inside = _captured_with_validation_every(tmp_path / "inside", 3)  # after micro-batches 2, 5, 8 and 11
+    after = _captured_with_validation_every(tmp_path / "after", 1.0)  # at the epoch's end only
+    assert inside["status"] == "ok" and inside["memory"]["anatomy_step"] == 1
+    step_memory = {k: v for k, v in inside["memory"]["anatomy_mib"].items() if k != "inputs"}  # inputs: not the step's
+    assert step_memory == {k: after["memory"]["anatomy_mib"][k] for k in step_memory}, "an evaluation entered it"
+    assert inside["memory"]["anatomy_caveat"] is None
+    # Step 4 (micro-batches 8 and 9) holds the third validation: it is not timed.
+    assert inside["timing"]["measured_steps"] == 3 and after["timing"]["measured_steps"] == 4
+    assert inside["timing"]["epoch_validations"] == 4 and after["timing"]["epoch_validations"] == 1
+    assert torch._C._len_torch_dispatch_stack() == 0

@@ -119,10 +119,8 @@ def _job_args(out_dir: Path, *config: str, batch_size: int, ranks_dir: Path | No
     # base.yaml's callbacks replaced: memory anatomy on step 1, the run record, each rank's weights, and the
     # last.ckpt a distributed run writes through base.yaml's checkpoint plugin (a folder of shards under FSDP2).
     callbacks = [
-        {"class_path": "callbacks.memory_monitor.MemoryMonitor", "init_args": {"warmup_steps": 1}},
-        {"class_path": "callbacks.step_timer.StepTimeMonitor", "init_args": {"warmup_steps": 1}},
-        {"class_path": "callbacks.run_record.RunRecord",
-         "init_args": {"records_jsonl": str(ranks_dir.parent / "records.jsonl")}},
+        {"class_path": "callbacks.run_monitor.RunMonitor",
+         "init_args": {"warmup_steps": 1, "records_jsonl": str(ranks_dir.parent / "records.jsonl")}},
         {"class_path": "test_distributed.SaveRankState", "init_args": {"out_dir": str(ranks_dir)}},
         {"class_path": "callbacks.checkpoint.ModelCheckpoint", "init_args": {"save_last": True, "save_top_k": 0}},
     ]

@@ -66,7 +66,7 @@ def test_percentile_matches_linear_interpolation():
         percentile([], 50)
 
 
-def test_step_timer_excludes_warmup_and_reports_median_p90_epoch_time():
+def test_step_timer_excludes_warmup_and_reports_median_p90_and_cpu_time():
     clock = FakeClock()
     timer = StepTimer(warmup_steps=2, clock=clock, sync=clock.sync)
     # Two slow warm-up steps (compile), then ten measured ones: 1.0 .. 1.9 s.
@@ -76,13 +76,13 @@ def test_step_timer_excludes_warmup_and_reports_median_p90_epoch_time():
     assert timer.median_s() == pytest.approx(1.45)
     assert timer.p90_s() == pytest.approx(1.81)
     assert timer.last_s() == pytest.approx(1.9)
-    s = timer.summary(steps_per_epoch=32, samples_per_step=128)
+    s = timer.summary(samples_per_step=128)
     assert s["warmup_steps"] == 2 and s["measured_steps"] == 10
     assert s["step_time_median_ms"] == pytest.approx(1450.0)
     assert s["step_time_p90_ms"] == pytest.approx(1810.0)
     assert s["step_time_min_ms"] == pytest.approx(1000.0)
     assert s["step_time_max_ms"] == pytest.approx(1900.0)
-    assert s["epoch_time_s"] == pytest.approx(32 * 1.45) and s["samples_per_s"] == pytest.approx(128 / 1.45)
+    assert s["samples_per_s"] == pytest.approx(128 / 1.45)
     # The device is synchronized before every clock reading.
     assert clock.events[:4] == ["sync", "clock", "sync", "clock"]
 
@@ -110,9 +110,10 @@ def test_step_timer_without_measured_steps_reports_none():
     clock = FakeClock()
     timer = StepTimer(warmup_steps=5, clock=clock)
     run_steps(timer, clock, [1.0, 1.0])
-    s = timer.summary(steps_per_epoch=10, samples_per_step=8)
+    s = timer.summary(samples_per_step=8)
     assert s["measured_steps"] == 0
-    assert s["step_time_median_ms"] is None and s["epoch_time_s"] is None and s["samples_per_s"] is None
+    assert s["step_time_median_ms"] is None and s["samples_per_s"] is None
+    assert timer.cpu_utilization(threads=2) is None
     with pytest.raises(RuntimeError):
         timer.stop()
 

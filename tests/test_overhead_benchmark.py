@@ -155,4 +155,4 @@ def test_callback_overhead_smoke(tmp_path, monkeypatch):
     result = json.loads(out.read_text())
     assert len(result["pair_ratios"]) == 1 and result["hooks_ms_per_step"]["steps"] >= 1
     assert 0 <= result["hooks_fraction_of_step"] < 1
-    assert "StepTimeMonitor.on_train_batch_end" in result["hooks_total_ms_by_hook"]
+    assert "RunMonitor.on_train_batch_end" in result["hooks_total_ms_by_hook"]

@@ -22,7 +22,7 @@ import yaml
 from conftest import REPO_ROOT, fit_args
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks.fault_tolerance import NonFiniteLossError, NonFiniteLossGuard
+from modelwright.measure import LossWatch, NonFiniteLossError
 from modelwright.study import DONE_STATUSES
 from modelwright.train.cli import cli_main
 from modelwright.train.resume import ResumableDataLoader, ResumableRandomSampler
@@ -37,7 +37,8 @@ def _args(log_dir: Path, *extra: str) -> list[str]:
 
 def _callbacks_config(path: Path, *, every_n_train_steps: int = 3, on_nonfinite: str = "stop",
                       extra: tuple[dict, ...] = ()) -> Path:
-    """configs/base.yaml's callbacks, with checkpoints every ``every_n_train_steps`` and the guard's mode set."""
+    """configs/base.yaml's callbacks, with checkpoints every ``every_n_train_steps`` and the RunMonitor's
+    ``on_nonfinite`` set."""
     base = yaml.safe_load((REPO_ROOT / "configs" / "base.yaml").read_text(encoding="utf-8"))
     callbacks = base["trainer"]["callbacks"]
     found = set()
@@ -47,10 +48,10 @@ def _callbacks_config(path: Path, *, every_n_train_steps: int = 3, on_nonfinite:
         if cb["class_path"].endswith("ModelCheckpoint") and "every_n_train_steps" in args:
             args["every_n_train_steps"] = every_n_train_steps
             found.add("steps")
-        elif cb["class_path"].endswith("NonFiniteLossGuard"):
+        elif cb["class_path"].endswith("RunMonitor"):
             args["on_nonfinite"] = on_nonfinite
-            found.add("guard")
-    assert found == {"steps", "guard"}, "base.yaml has a step ModelCheckpoint and a NonFiniteLossGuard"
+            found.add("monitor")
+    assert found == {"steps", "monitor"}, "base.yaml has a step ModelCheckpoint and a RunMonitor"
     path.write_text(yaml.safe_dump({"trainer": {"callbacks": [*callbacks, *extra]}}), encoding="utf-8")
     return path
 
@@ -213,11 +214,14 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_is_recorded_interrupted(tmp_pa
     previous = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as stopped:
         cli_main(_args(tmp_path, "--config", str(config)))
-    assert signal.getsignal(signal.SIGTERM) == previous, "Lightning put the process's own handler back"
+    handler = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, previous)
+    assert handler is not signal.SIG_DFL, "a second SIGTERM while the process ends is still handled"
     assert stopped.value.code == 143, "main.py exits with 128 + SIGTERM"
     ckpt = _ckpt(_last(tmp_path, 0))
-    assert ckpt["global_step"] == 3, "the checkpoint holds the step SIGTERM arrived in"
-    assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 3
+    # SIGTERM arrived at the end of step 3 (after the stop check of that step): the run stopped after the next.
+    assert ckpt["global_step"] == 4, "the checkpoint holds the step after which the run stopped"
+    assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches"] == 4
     (record_path,) = tmp_path.glob("*/version_0/record.json")
     record = json.loads(record_path.read_text())
     assert record["status"] == "interrupted" and record["status"] not in DONE_STATUSES
@@ -256,9 +260,9 @@ def test_nonfinite_loss_skip_drops_the_steps_and_counts_them(tmp_path):
     assert cli_main(_args(tmp_path, "--config", str(config), "--trainer.max_steps", "8")) == 0
     ckpt = _ckpt(_last(tmp_path, 0))
     assert ckpt["global_step"] == 8
-    guard = ckpt["callbacks"]["NonFiniteLossGuard"]
-    assert guard["skipped_steps"] == 2 and guard["skipped_at"] == [2, 5]
-    assert guard["scaler_skipped_steps"] is None, "no GradScaler in fp32"
+    faults = ckpt["callbacks"]["RunMonitor"]["faults"]
+    assert faults["skipped_steps"] == 2 and faults["skipped_at"] == [2, 5]
+    assert faults["scaler_skipped_steps"] is None, "no GradScaler in fp32"
     adam_steps = {float(s["step"]) for s in ckpt["optimizer_states"][0]["state"].values()}
     assert adam_steps == {6.0}, "AdamW took 6 of the 8 steps: the skipped ones changed no optimizer state"
     for name, tensor in ckpt["state_dict"].items():
@@ -277,19 +281,19 @@ def test_gradscaler_skipped_steps_are_counted_from_the_scale():
     param = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.SGD([param], lr=0.1)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    trainer = SimpleNamespace(precision_plugin=SimpleNamespace(scaler=scaler), world_size=1, global_step=0)
-    guard = NonFiniteLossGuard()
+    watch = LossWatch()
+    module = torch.nn.Linear(1, 1)
     for factor in (float("inf"), 1.0, float("nan"), 1.0):  # as Lightning's MixedPrecision.optimizer_step does
         optimizer.zero_grad()
         (scaler.scale(param.sum()) * factor).backward()
         scaler.unscale_(optimizer)
-        guard.on_before_optimizer_step(trainer, None, optimizer)
+        watch.before_update(optimizer, module, reduce=lambda t: t, scale=scaler._scale)
         scaler.step(optimizer)
         scaler.update()
-        guard.on_train_batch_end(trainer, None, None, None, 0)
-    assert guard.scaler_skipped_steps == 2
+        watch.after_micro_batch(reduce=lambda t: t, scale=scaler._scale)
+    assert watch.scaler_skipped_steps == 2
     assert torch.allclose(param, torch.full((3,), 0.8)), "two of the four steps updated the parameter"
-    assert guard.record_sections(trainer, None)["faults"]["scaler_skipped_steps"] == 2 and guard.skipped_steps == 0
+    assert watch.section()["scaler_skipped_steps"] == 2 and watch.skipped_steps == 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the GradScaler runs with 16-mixed on CUDA")

@@ -109,8 +109,8 @@ def test_window_overrides_hash_and_command():
     assert o["trainer.max_steps"] == 6 and o["trainer.limit_train_batches"] == 6 * 4  # micro-batches: steps × accum
     assert o["model.model_name"] == "smallcnn" and spec.measured_steps == 3
     callbacks = spec.resolved["trainer"]["callbacks"]
-    timer = next(c for c in callbacks if c["class_path"].endswith("StepTimeMonitor"))
-    assert timer["init_args"]["warmup_steps"] == 2
+    monitor = next(c for c in callbacks if c["class_path"].endswith("RunMonitor"))
+    assert monitor["init_args"]["warmup_steps"] == 2
     assert not any(c["class_path"].endswith("ModelCheckpoint") for c in callbacks)
     assert plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3)).config_hash == spec.config_hash
     assert plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=4)).config_hash != spec.config_hash
@@ -122,13 +122,14 @@ def test_window_overrides_hash_and_command():
     assert "--trainer.max_steps=6" in args and "--trainer.enable_checkpointing=false" in args
 
 
-def test_patch_callbacks_needs_the_run_record():
-    with pytest.raises(ConfigError, match="trainer.callbacks: the study needs callbacks.run_record.RunRecord"):
-        plan.patch_callbacks([{"class_path": "callbacks.step_timer.StepTimeMonitor"}], 1, "r.json")
+def test_patch_callbacks_needs_the_run_monitor():
+    with pytest.raises(ConfigError, match="trainer.callbacks: the study needs callbacks.run_monitor.RunMonitor"):
+        plan.patch_callbacks([{"class_path": "callbacks.progress_bar.ThrottledProgressBar"}], 1, "r.json")
     out = plan.patch_callbacks(
-        [{"class_path": "callbacks.run_record.RunRecord", "init_args": {"records_jsonl": "x.jsonl", "history": True}}],
+        [{"class_path": "callbacks.run_monitor.RunMonitor", "init_args": {"records_jsonl": "x.jsonl", "history": True}}],
         1, "r.json")
-    assert out[0]["init_args"] == {"records_jsonl": None, "record_path": "r.json", "history": True}
+    assert out[0]["init_args"] == {"records_jsonl": None, "record_path": "r.json", "history": True,
+                                   "warmup_steps": 1, "measure_steps": None, "anatomy": True, "anatomy_step": None}
 
 
 def test_failures_are_classified_and_summarised():

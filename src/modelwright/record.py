@@ -372,6 +372,15 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
     return path
 
 
+def remove_stale_temp_files(path: str | os.PathLike) -> list[Path]:
+    """Remove the temp files :func:`write_atomic` leaves beside ``path`` when a kill cuts a write short."""
+    path = Path(path)
+    stale = list(path.parent.glob(f".{path.name}.*.tmp")) if path.parent.is_dir() else []
+    for temp in stale:
+        temp.unlink(missing_ok=True)
+    return stale
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 

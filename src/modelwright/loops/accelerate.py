@@ -1,27 +1,32 @@
 """The training of ``main.py fit`` as one plain PyTorch loop driven by Hugging Face Accelerate; no Lightning.
 
 To run: ``uv run python -m modelwright accelerate --config configs/amp.yaml`` (N processes: docs/accelerate.md).
+The loop reads like Accelerate's ``examples/by_feature`` scripts: the forward, backward and optimizer step, with
+the same :class:`~modelwright.measure.StepProbe` calls as the Lightning callback's hooks around them.
 """
 
 import math
 import os
-import time
-from dataclasses import asdict
+import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import set_seed
+from accelerate.utils import broadcast_object_list, set_seed
+from torch.utils.data import DataLoader
 from torchmetrics.functional.classification import multiclass_accuracy
+from tqdm import tqdm
 
 from modelwright import CONFIGS_DIR, measure
 from modelwright.errors import require
 from modelwright.precision import precision as precision_of
 from modelwright.record import build_record, write_record
+from modelwright.report.run_summary import summary_lines, write_tensorboard
 from modelwright.train.args import DataArgs, ModelArgs, TrainerArgs, limited_batches
 from modelwright.train.datasets import image_datasets, image_loader
 from modelwright.train.models import apply_gradient_checkpointing, build_model, checkpointed_modules
@@ -30,6 +35,35 @@ from modelwright.train.runtime import set_cpu_malloc
 
 #: What ``python -m modelwright accelerate`` gives jsonargparse: base.yaml under every ``--config``.
 PARSER_KWARGS = {"default_config_files": [str(CONFIGS_DIR / "base.yaml")]}
+
+
+@dataclass
+class Run:
+    """What the loop trains with, prepared by Accelerate, and how long it trains."""
+
+    accelerator: Accelerator
+    net: torch.nn.Module  # wrapped for distributed training where several processes run
+    plain: torch.nn.Module  # the network itself
+    optimizer: Any  # Accelerate's wrapper; .optimizer is torch's
+    scheduler: Any
+    train_loader: DataLoader
+    val_loader: DataLoader
+    train_set: Any
+    precision: str
+    train_batches: int
+    val_batches: int
+    val_every: int
+    steps_per_epoch: int
+    max_epochs: int  # -1: until max_steps
+    total_steps: int
+    check_val_every_n_epoch: int
+    run_dir: Path
+
+    def validates(self, epoch: int) -> bool:
+        """Whether epoch ``epoch`` (0-based) validates."""
+        return (epoch + 1) % self.check_val_every_n_epoch == 0
+
+
 def accelerate(  # the defaults are instances: jsonargparse reads their fields as the sections' defaults
     model: ModelArgs = ModelArgs(),  # noqa: B008
     data: DataArgs = DataArgs(),  # noqa: B008
@@ -39,9 +73,9 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
     warmup_steps: int = 2,
     out: str = "lightning_logs",
 ):
-    """Train as ``main.py fit`` does, in a plain Accelerate loop; write the run record (``loop: accelerate``) to
-    ``<out>/<trainer.logger.init_args.name>/accelerate/version_N/record.json``. Returns the trained network
-    (unwrapped) and the run record, on every process.
+    """Train as ``main.py fit`` does, in a plain Accelerate loop, and write the run record (``loop: accelerate``)
+    to ``<out>/<trainer.logger.init_args.name>/accelerate/version_N/record.json``, the next free N. Returns the
+    trained network (unwrapped) and the run record, on every process.
 
     Args:
         model: the network, optimizer and schedule (ImageClassifier's arguments).
@@ -52,178 +86,245 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
         warmup_steps: optimizer steps left out of timing and memory peaks; the next one's anatomy is captured.
         out: the folder that holds ``<name>/accelerate/version_N`` (Lightning's ``save_dir``).
     """
-    m, t, k = model, trainer, trainer.accumulate_grad_batches
     require(warmup_steps >= 0, f"warmup_steps: must be >= 0, got {warmup_steps}")
     config = {"seed_everything": seed_everything, "cpu_malloc": cpu_malloc, "warmup_steps": warmup_steps,
-              "model": asdict(m), "data": asdict(data), "trainer": asdict(t)}
+              "model": asdict(model), "data": asdict(data), "trainer": asdict(trainer)}
     set_cpu_malloc(cpu_malloc)
-    cpu = t.accelerator == "cpu" or not torch.cuda.is_available()
-    precision = precision_of(t.precision).name
-    if precision == "16-mixed" and cpu:  # as Lightning: float16 autocast needs a GPU
-        precision = "bf16-mixed"
-    mixed = precision_of(precision).accelerate
-    logger = (t.logger.get("init_args") if isinstance(t.logger, dict) else None) or {}
-    root = Path(out) / (logger.get("name") or "lightning_logs") / "accelerate"  # beside the Lightning runs
-    accelerator = Accelerator(cpu=cpu, mixed_precision=mixed, gradient_accumulation_steps=k,
-                              log_with="tensorboard", project_dir=str(root))
-    set_seed(seed_everything)  # before the network draws its initial weights, as LightningCLI orders it
-    net = build_model(m.model_name, m.num_classes)
-    apply_gradient_checkpointing(net, m.gradient_checkpointing)
-    if m.channels_last:
-        net = net.to(memory_format=torch.channels_last)
-    if m.compile:
-        net.compile()
-    with accelerator.main_process_first():
-        train_set, val_set = image_datasets(data, download=data.download)
-    train_loader, val_loader = image_loader(train_set, data, train=True), image_loader(val_set, data, train=False)
-    optimizer = build_optimizer(net.parameters(), optimizer=m.optimizer, lr=m.lr, momentum=m.momentum,
-                                weight_decay=m.weight_decay, optimizer_impl=m.optimizer_impl)
-    net, optimizer, train_loader, val_loader = accelerator.prepare(net, optimizer, train_loader, val_loader)
-
-    train_batches = limited_batches(len(train_loader), t.limit_train_batches)
-    val_batches = limited_batches(len(val_loader), t.limit_val_batches)
-    v = t.val_check_interval
-    val_every = v if isinstance(v, int) else max(1, int(train_batches * v))
-    require(train_batches == len(train_loader) or train_batches % k == 0,  # Lightning steps at a limited epoch's end
-            f"trainer.limit_train_batches: {train_batches} batches, not a multiple of accumulate_grad_batches {k}")
-    steps_per_epoch = math.ceil(train_batches / k)
-    max_epochs = t.max_epochs if t.max_epochs is not None else (1000 if t.max_steps == -1 else -1)
-    total = min(s for s in (steps_per_epoch * max_epochs if max_epochs != -1 else -1, t.max_steps) if s != -1)
-    # Not prepared: Accelerate would step it once per process per optimizer step; Lightning steps it once.
-    scheduler = build_scheduler(optimizer.optimizer, m.scheduler, lr=m.lr, total_steps=total)
-    run_dir = root / f"version_{len(list(root.glob('version_*')))}"
-    accelerator.init_trackers(run_dir.name)
-    if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    device, world, plain = accelerator.device, accelerator.num_processes, accelerator.unwrap_model(net)
-    with accelerator.main_process_first():  # one process per machine measures the clock, the others read its cache
-        peak = measure.hardware_peak(device, measure.compute_dtype(precision))
-    timer = measure.StepTimer(warmup_steps, sync=measure.device_sync(device))
-    tracker, anatomy, peaks, flops_per_micro, last = None, {}, {}, None, {}
-    history: dict[str, list] = {}
-    status, error, step, epoch, micro, t0 = "ok", None, 0, 0, 0, time.perf_counter()
-
-    def remember(scalars: dict[str, float]) -> None:
-        for key, value in scalars.items():
-            history.setdefault(key, []).append([step, value])
-        accelerator.log({k: v for k, v in scalars.items() if math.isfinite(v)}, step=step)
-
+    run = prepare(model, data, trainer, seed_everything, out)
+    probe = measure.StepProbe(warmup_steps)
+    probe.prepare(run.plain)
+    with run.accelerator.main_process_first():  # one process per machine measures the clock, the others read it
+        probe.start(device=run.accelerator.device, precision=run.precision, modules=[run.plain],
+                    optimizers=[run.optimizer.optimizer], micro_batches_per_step=trainer.accumulate_grad_batches,
+                    world_size=run.accelerator.num_processes, main_process=run.accelerator.is_main_process,
+                    reduce=lambda value: run.accelerator.reduce(value, "sum"),
+                    data=getattr(run.train_set, "tensors", ()))
+    history = History(run.accelerator)
+    status, error = "ok", None
     try:
-        net.train()
-        while (epoch < max_epochs or max_epochs == -1) and status == "ok" and step != t.max_steps:
-            validate_epoch = (epoch + 1) % t.check_val_every_n_epoch == 0
-            for batch_idx, (x, y) in enumerate(train_loader):
-                if m.channels_last:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                if micro == 0:  # an optimizer step begins
-                    if flops_per_micro is None:  # counted on a meta-device copy, before the clock starts
-                        flops_per_micro = measure.training_flops(plain, x)
-                    if step == warmup_steps:
-                        measure.reset_peak_memory(device)
-                        tracker = measure.MemoryAnatomy(device)
-                        tracker.start(plain, [optimizer.optimizer])
-                    timer.start()
-                elif tracker is not None:
-                    tracker.next_micro_batch()
-                if tracker is not None:
-                    tracker.register((x, y))  # the batch is data, not the step's activations
-                micro += 1
-                with accelerator.accumulate(net):
-                    logits = net(x)
-                    loss = F.cross_entropy(logits, y, label_smoothing=m.label_smoothing)
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients and t.gradient_clip_val:
-                        accelerator.clip_grad_norm_(net.parameters(), t.gradient_clip_val)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                if accelerator.sync_gradients:
-                    if scheduler is not None:
-                        scheduler.step()
-                    step, micro = step + 1, 0
-                    dt = timer.stop(exclude=tracker is not None)
-                    if tracker is not None:
-                        tracker.stop()
-                        anatomy = {"anatomy_step": step - 1, "anatomy_mib": tracker.peak_mib(),
-                                   "anatomy_end_mib": tracker.end_mib(), "anatomy_caveat": tracker.caveat}
-                        tracker = None
-                    if step > warmup_steps:
-                        peaks = measure.peak_memory_mib(device)
-                    # The last micro-batch's loss and accuracy, as Lightning logs them.
-                    last = {"train/loss": loss.item(), "train/acc": multiclass_accuracy(
-                        logits.detach(), y, num_classes=m.num_classes).item()}
-                    if not math.isfinite(last["train/loss"]):
-                        status, error = "diverged", f"train/loss is {last['train/loss']} at step {step}"
-                    if step % t.log_every_n_steps == 0 or status != "ok":
-                        remember(last | ({"perf/step_time_ms": dt * 1e3} if dt else {}))
-                # Lightning validates after every val_check batch of an epoch (its last by default), also the
-                # batch at which max_steps stops the fit, never once it diverged.
-                if status == "ok" and val_batches and (batch_idx + 1) % val_every == 0 and validate_epoch:
-                    remember(evaluate(accelerator, net, val_loader, val_batches, m))
-                if status != "ok" or step == t.max_steps or batch_idx + 1 == train_batches:
-                    break
-            epoch += 1
+        train(run, probe, history, model, trainer)
     except BaseException as err:
         status, error = measure.error_status(err), measure.one_line_error(err)
         raise
     finally:
-        if tracker is not None:
-            tracker.stop()
-        batch, local = data.batch_size, int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        median_s, per_step = timer.median_s(), flops_per_micro * k if flops_per_micro else None
-        if anatomy.get("anatomy_mib") and device.type != "cuda":  # no allocator peak on a CPU: the tracker's
-            peaks = {"peak_allocated_mib": anatomy["anatomy_mib"]["total"], "peak_reserved_mib": None}
-        source = "cuda-allocator" if device.type == "cuda" else "mem-tracker"
-        source = source if peaks.get("peak_allocated_mib") is not None else None
-        record = build_record(
-            loop="accelerate", status=status, error=error, config=config,
-            techniques={
-                "model_name": m.model_name, "precision": precision, "precision_requested": str(t.precision),
-                "mixed_precision": mixed, "accumulate_grad_batches": k, "optimizer": m.optimizer,
-                "gradient_checkpointing": m.gradient_checkpointing,
-                "checkpointed_segments": len(checkpointed_modules(plain)),
-                "optimizer_impl": measure.optimizer_impl(optimizer.optimizer),
-                "channels_last": measure.channels_last_applied(plain), "compile": measure.is_compiled(plain),
-                "strategy": "ddp" if world > 1 else "single_device", "world_size": world,
-                "strategy_class": "DistributedDataParallel" if world > 1 else None, "num_nodes": world // local,
-                "micro_batch_size": batch, "effective_batch_size": batch * k * world,
-            },
-            hardware=measure.hardware_info(device, num_devices=local), versions=measure.versions(),
-            timing={**timer.summary(steps_per_epoch, batch * k * world), "wall_time_s": time.perf_counter() - t0},
-            flops={"flops_per_step": per_step, "flops_per_micro_batch": flops_per_micro,
-                   "achieved_flops_per_s": per_step / median_s if per_step and median_s else None,
-                   "peak_flops_per_s": peak.flops_per_s, "peak_flops_source": peak.source,
-                   "peak_flops_method": peak.method, "mfu": measure.mfu(per_step, median_s, peak.flops_per_s),
-                   "peak_flops_dtype": str(measure.compute_dtype(precision)).removeprefix("torch.")},
-            memory={**peaks, **anatomy, "rss_peak_mib": measure.process_rss_peak_mib(),
-                    "peak_source": source, "window_warmup_steps": warmup_steps,
-                    "model_parameters": sum(p.numel() for p in plain.parameters())},
-            metrics={**{key: points[-1][1] for key, points in history.items() if key.startswith("val/")}, **last},
-            history={key: points for key, points in history.items() if not key.startswith("perf/")},
-        )
-        if accelerator.is_main_process:
-            print(f"record: {write_record(run_dir / 'record.json', record)}", flush=True)
-        accelerator.end_training()
-        if world == 1:  # Accelerate's process-wide state would pin the next in-process run to these settings
-            AcceleratorState._reset_state(reset_partial_state=True)
-            GradientState._reset_state()
-    return plain, record
+        probe.stop()
+        record = finish(run, probe, history, config, status, error)
+    return run.plain, record
+
+
+def train(run: Run, probe: measure.StepProbe, history: "History", model: ModelArgs, trainer: TrainerArgs) -> None:
+    """The training loop: every epoch, every micro-batch, the validations between them."""
+    accelerator, net, optimizer = run.accelerator, run.net, run.optimizer
+    bar = tqdm(total=run.total_steps, desc="train", unit="step", dynamic_ncols=True, leave=False,
+               disable=not accelerator.is_main_process or trainer.enable_progress_bar is False)
+    step, epoch = 0, 0
+    net.train()
+    while (epoch < run.max_epochs or run.max_epochs == -1) and step != run.total_steps:
+        probe.epoch_begins()
+        for batch_idx, (x, y) in enumerate(run.train_loader):
+            if model.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            probe.before_micro_batch(step, (x, y))
+            with accelerator.accumulate(net):
+                logits = net(x)
+                loss = F.cross_entropy(logits, y, label_smoothing=model.label_smoothing)
+                probe.observe_loss(loss, epoch, batch_idx)
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    if trainer.gradient_clip_val:
+                        accelerator.clip_grad_norm_(net.parameters(), trainer.gradient_clip_val)
+                    probe.before_update(optimizer.optimizer)
+                optimizer.step()  # Accelerate's wrapper steps only on the last micro-batch of a step
+                optimizer.zero_grad(set_to_none=True)
+            if accelerator.sync_gradients:
+                if run.scheduler is not None:
+                    run.scheduler.step()
+                step += 1
+                bar.update(1)
+            reading = probe.after_micro_batch(step)
+            if reading is not None:
+                bar.set_postfix(loss=f"{loss.item():.3g}", refresh=False)
+                history.train_step(reading, loss, logits, y, model.num_classes, trainer.log_every_n_steps)
+            # Lightning validates after every val_check batch of an epoch (its last by default).
+            if run.val_batches and (batch_idx + 1) % run.val_every == 0 and run.validates(epoch):
+                with probe.evaluating():
+                    history.validation(probe.cycle.step or 0, evaluate(run, model))
+            if step == run.total_steps or batch_idx + 1 == run.train_batches:
+                break
+        probe.epoch_ends(expected_steps=run.steps_per_epoch)
+        epoch += 1
+    bar.close()
+
+
+def prepare(model: ModelArgs, data: DataArgs, trainer: TrainerArgs, seed: int, out: str) -> Run:
+    """The Accelerator, network, optimizer, loaders and schedule, in LightningCLI's order of random draws."""
+    cpu = trainer.accelerator == "cpu" or not torch.cuda.is_available()
+    precision = precision_of(trainer.precision).name
+    if precision == "16-mixed" and cpu:  # as Lightning: float16 autocast needs a GPU
+        precision = "bf16-mixed"
+    logger = (trainer.logger.get("init_args") if isinstance(trainer.logger, dict) else None) or {}
+    root = Path(out) / (logger.get("name") or "lightning_logs") / "accelerate"  # beside the Lightning runs
+    accelerator = Accelerator(cpu=cpu, mixed_precision=precision_of(precision).accelerate,
+                              gradient_accumulation_steps=trainer.accumulate_grad_batches,
+                              log_with="tensorboard", project_dir=str(root))
+    set_seed(seed)  # before the network draws its initial weights, as LightningCLI orders it
+    net = build_model(model.model_name, model.num_classes)
+    apply_gradient_checkpointing(net, model.gradient_checkpointing)
+    if model.channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    if model.compile:
+        net.compile()
+    with accelerator.main_process_first():
+        train_set, val_set = image_datasets(data, download=data.download)
+    train_loader = image_loader(train_set, data, train=True)
+    val_loader = image_loader(val_set, data, train=False)
+    optimizer = build_optimizer(net.parameters(), optimizer=model.optimizer, lr=model.lr, momentum=model.momentum,
+                                weight_decay=model.weight_decay, optimizer_impl=model.optimizer_impl)
+    net, optimizer, train_loader, val_loader = accelerator.prepare(net, optimizer, train_loader, val_loader)
+    lengths = _lengths(trainer, len(train_loader), len(val_loader))
+    # Not prepared: Accelerate would step it once per process per optimizer step; Lightning steps it once.
+    scheduler = build_scheduler(optimizer.optimizer, model.scheduler, lr=model.lr, total_steps=lengths["total_steps"])
+    run_dir = next_version(accelerator, root)
+    return Run(accelerator, net, accelerator.unwrap_model(net), optimizer, scheduler, train_loader, val_loader,
+               train_set, precision, run_dir=run_dir, **lengths)
+
+
+def _lengths(trainer: TrainerArgs, train_length: int, val_length: int) -> dict[str, int]:
+    """Batches per epoch, the validation cadence and the steps of the fit, as Lightning counts them."""
+    accumulate = trainer.accumulate_grad_batches
+    train_batches = limited_batches(train_length, trainer.limit_train_batches)
+    require(train_batches == train_length or train_batches % accumulate == 0,  # Lightning steps at an epoch's end
+            f"trainer.limit_train_batches: {train_batches} batches, not a multiple of accumulate_grad_batches "
+            f"{accumulate}")
+    interval = trainer.val_check_interval
+    val_every = interval if isinstance(interval, int) else max(1, int(train_batches * interval))
+    steps_per_epoch = math.ceil(train_batches / accumulate)
+    if trainer.max_epochs is not None:
+        max_epochs = trainer.max_epochs
+    else:
+        max_epochs = 1000 if trainer.max_steps == -1 else -1
+    by_epochs = steps_per_epoch * max_epochs if max_epochs != -1 else -1
+    total_steps = min(steps for steps in (by_epochs, trainer.max_steps) if steps != -1)
+    return {"train_batches": train_batches, "val_batches": limited_batches(val_length, trainer.limit_val_batches),
+            "val_every": val_every, "steps_per_epoch": steps_per_epoch, "max_epochs": max_epochs,
+            "total_steps": total_steps, "check_val_every_n_epoch": trainer.check_val_every_n_epoch}
+
+
+def next_version(accelerator: Accelerator, root: Path) -> Path:
+    """``root/version_N`` for the next free N (the highest there plus one, as Lightning numbers its runs), made by
+    the main process, never one that exists; every process gets its name."""
+    name = [None]
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        numbers = [int(p.name.removeprefix("version_")) for p in root.glob("version_*")
+                   if p.name.removeprefix("version_").isdigit()]
+        number = max(numbers, default=-1) + 1
+        while True:
+            try:
+                (root / f"version_{number}").mkdir()
+                break
+            except FileExistsError:  # another run took it meanwhile
+                number += 1
+        name = [f"version_{number}"]
+    if accelerator.num_processes > 1:
+        broadcast_object_list(name)
+    accelerator.init_trackers(name[0])
+    return root / name[0]
+
+
+class History:
+    """The metrics logged along the run, ``{name: [[step, value], ...]}``, also sent to Accelerate's trackers;
+    steps are 0-based optimizer-step indices, as Lightning logs them."""
+
+    def __init__(self, accelerator: Accelerator) -> None:
+        self.accelerator = accelerator
+        self.points: dict[str, list[list[float]]] = {}
+        self.last_train: dict[str, float] = {}
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        for key, value in scalars.items():
+            if not key.startswith(("perf/", "mem/")):
+                self.points.setdefault(key, []).append([step, value])
+        self.accelerator.log({k: v for k, v in scalars.items() if math.isfinite(v)}, step=step)
+
+    def train_step(self, reading: measure.StepReading, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
+                   num_classes: int, every: int) -> None:
+        """A closed optimizer step: the last micro-batch's loss and accuracy, as Lightning logs them."""
+        accuracy = multiclass_accuracy(logits.detach(), labels, num_classes=num_classes)
+        self.last_train = {"train/loss": loss.item(), "train/acc": accuracy.item()}
+        if (reading.step + 1) % every == 0:
+            self.log(reading.step, {**self.last_train, **reading.scalars})
+
+    def validation(self, step: int, metrics: dict[str, float]) -> None:
+        self.log(step, metrics)
+
+    def final_metrics(self) -> dict[str, float]:
+        validation = {key: points[-1][1] for key, points in self.points.items() if key.startswith("val/")}
+        return {**validation, **self.last_train}
 
 
 @torch.no_grad()
-def evaluate(accelerator: Accelerator, net: torch.nn.Module, loader, batches: int, m: ModelArgs) -> dict[str, float]:
-    """``val/loss`` and ``val/acc`` over the first ``batches`` batches of every process."""
-    net.eval()
+def evaluate(run: Run, model: ModelArgs) -> dict[str, float]:
+    """``val/loss`` and ``val/acc`` over the first ``run.val_batches`` batches of every process."""
+    run.net.eval()
     outputs = []
-    for _, (x, y) in zip(range(batches), loader, strict=False):
-        if m.channels_last:
+    for _, (x, y) in zip(range(run.val_batches), run.val_loader, strict=False):
+        if model.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        outputs.append(accelerator.gather_for_metrics((net(x).float(), y)))
-    loader.end()  # left early, Accelerate's loader would stay the active one, whose end closes accumulation cycles
-    net.train()
-    logits, labels = torch.cat([o[0] for o in outputs]), torch.cat([o[1] for o in outputs])
-    loss = F.cross_entropy(logits, labels, label_smoothing=m.label_smoothing)
-    return {"val/loss": loss.item(), "val/acc": multiclass_accuracy(logits, labels, num_classes=m.num_classes).item()}
+        outputs.append(run.accelerator.gather_for_metrics((run.net(x).float(), y)))
+    run.val_loader.end()  # left early, Accelerate's loader stays the active one, whose end closes accumulation
+    run.net.train()
+    logits = torch.cat([output[0] for output in outputs])
+    labels = torch.cat([output[1] for output in outputs])
+    loss = F.cross_entropy(logits, labels, label_smoothing=model.label_smoothing)
+    accuracy = multiclass_accuracy(logits, labels, num_classes=model.num_classes)
+    return {"val/loss": loss.item(), "val/acc": accuracy.item()}
+
+
+def finish(run: Run, probe: measure.StepProbe, history: History, config: dict, status: str,
+           error: str | None) -> dict:
+    """The run record (written, summarised and put into TensorBoard by the main process), then Accelerate's
+    process-wide state reset."""
+    accelerator = run.accelerator
+    sections = probe.sections(run.steps_per_epoch)
+    if sections["faults"]["diverged"] and status != "interrupted":
+        status = "diverged"
+    world = accelerator.num_processes
+    model = config["model"]
+    techniques = {
+        **sections.pop("techniques"),
+        "model_name": model["model_name"], "optimizer": model["optimizer"],
+        "precision": run.precision, "precision_requested": str(config["trainer"]["precision"]),
+        "gradient_checkpointing": model["gradient_checkpointing"],
+        "checkpointed_segments": len(checkpointed_modules(run.plain)),
+        "strategy": "ddp" if world > 1 else "single_device",
+        "strategy_class": "DistributedDataParallel" if world > 1 else None,
+        "num_nodes": world // int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+    }
+    local_devices = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    record = build_record(loop="accelerate", status=status, error=error, config=config, techniques=techniques,
+                          hardware=measure.hardware_info(accelerator.device, num_devices=local_devices),
+                          versions=measure.versions(), metrics=history.final_metrics(), history=history.points,
+                          **sections)
+    if accelerator.is_main_process:
+        path = write_record(run.run_dir / "record.json", record)
+        (run.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        lines = summary_lines(record, str(path), str(run.run_dir))
+        print("\n" + "\n".join(lines), file=sys.stdout, flush=True)
+        writer = accelerator.get_tracker("tensorboard", unwrap=True)
+        step = probe.captured_step if probe.captured_step is not None else 0
+        write_tensorboard(writer, record, lines, step)
+    accelerator.end_training()
+    if world == 1:
+        reset_accelerate_state()
+    return record
+
+
+def reset_accelerate_state() -> None:
+    """Forget Accelerate's process-wide state (its private ``_reset_state``), which would pin the next run in this
+    process to these settings; ``tests/test_accelerate_loop.py`` checks that it still does."""
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 def main(args: list[str]) -> int:

@@ -1,5 +1,7 @@
-"""The instrument: framework-neutral timing, memory, FLOPs and facts (nothing here imports Lightning)."""
+"""The instrument: framework-neutral timing, memory, FLOPs, facts and the one step probe both loops call
+(nothing here imports Lightning)."""
 
+from modelwright.measure.divergence import LossWatch, NonFiniteLossError
 from modelwright.measure.facts import (
     MIB,
     channels_last_applied,
@@ -18,11 +20,13 @@ from modelwright.measure.memory import (
     process_rss_peak_mib,
     reset_peak_memory,
 )
+from modelwright.measure.probe import StepProbe, StepReading, first_tensor
 from modelwright.measure.timing import CudaEventTimer, StepCycle, StepTimer, Window, device_sync, percentile
 
 __all__ = [
-    "MIB", "AnatomyUnavailable", "CudaEventTimer", "MemoryAnatomy", "StepCycle", "StepTimer", "Window",
-    "channels_last_applied", "compute_dtype", "device_sync", "error_status", "hardware_info", "hardware_peak",
-    "is_compiled", "meta_copy", "mfu", "one_line_error", "optimizer_impl", "peak_memory_mib", "percentile",
-    "process_rss_peak_mib", "reset_peak_memory", "training_flops", "versions",
+    "MIB", "AnatomyUnavailable", "CudaEventTimer", "LossWatch", "MemoryAnatomy", "NonFiniteLossError",
+    "StepCycle", "StepProbe", "StepReading", "StepTimer", "Window", "channels_last_applied", "compute_dtype",
+    "device_sync", "error_status", "first_tensor", "hardware_info", "hardware_peak", "is_compiled", "meta_copy",
+    "mfu", "one_line_error", "optimizer_impl", "peak_memory_mib", "percentile", "process_rss_peak_mib",
+    "reset_peak_memory", "training_flops", "versions",
 ]

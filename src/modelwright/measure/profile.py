@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from modelwright.measure.memory import _ours
+from modelwright.measure.memtracker import backward_peak, by_category
 
 #: Modules whose ops autocast runs in 16 bits, so a weight they save becomes a 16-bit copy.
 AUTOCAST_16BIT = ("Conv1d", "Conv2d", "Conv3d", "Linear", "NonDynamicallyQuantizableLinear", "MultiheadAttention")
@@ -26,7 +26,7 @@ def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
                  segments: Mapping[str, Sequence[nn.Module]] | None = None) -> dict[str, Any]:
     """Run ``step`` (forward, backward and update of ``batch_size`` samples on ``inputs``) once, after a warm-up
     step, and return its JSON-ready profile in bytes; ``segments``: checkpoint segments by granularity."""
-    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     names = {m: n for n, m in model.named_modules()}
     segments = {g: list(mods) for g, mods in (segments or {}).items()}
@@ -86,14 +86,13 @@ def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
     finally:
         for h in hooks:
             h.remove()
-    dev = next(model.parameters()).device
-    for mod, i in unit_of.items():
-        stats = tracker.memory_tracking.get(mod) if mod is not None else None
-        points = stats.snapshots.get(_ModState.PEAK_BW) if stats is not None else None
-        if points and not any(True for _ in mod.children()):
-            s = _ours(points[-1], dev)
-            units[i]["backward"] = {k: s[k] for k in ("gradients", "activations", "temporaries")}
-    peak = _ours(tracker.get_tracker_snapshot("peak"), dev)
+    device = next(model.parameters()).device
+    for module, index in unit_of.items():
+        leaf = module is not None and not any(True for _ in module.children())
+        at_peak = backward_peak(tracker, module, device) if leaf else None
+        if at_peak is not None:
+            units[index]["backward"] = {k: at_peak[k] for k in ("gradients", "activations", "temporaries")}
+    peak = by_category(tracker.get_tracker_snapshot("peak"), device)
     return {
         "version": 1, "batch_size": batch_size, "units": units, "storages": list(storages.values()),
         "segments": {g: [{"input_bytes": inp[1], "input_kind": inp[2], "input_owner": storages.get(inp[0], [None])[0],

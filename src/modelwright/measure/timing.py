@@ -1,4 +1,5 @@
-"""Step timing: the one warm-up/window rule, the step timer (host clock or CUDA events), micro-batch grouping."""
+"""Step timing: the one warm-up rule (:class:`Window`), the step timer (host clock or CUDA events) with the
+process's CPU time beside it, and the grouping of micro-batches into optimizer steps (:class:`StepCycle`)."""
 
 import math
 import time
@@ -28,30 +29,40 @@ def device_sync(device: torch.device | str | None) -> Callable[[], None]:
 
 @dataclass(frozen=True)
 class Window:
-    """The one warm-up rule of step time and the allocator peak: skip ``warmup_steps``, measure ``measure_steps``."""
+    """The one warm-up rule of step time and the allocator peak: skip ``warmup_steps``, then measure
+    ``measure_steps`` (``None``: every step after the warm-up)."""
 
     warmup_steps: int = 2
     measure_steps: int | None = None
 
     def __post_init__(self) -> None:
-        if self.warmup_steps < 0 or (self.measure_steps is not None and self.measure_steps < 1):
-            raise ValueError(f"warmup_steps must be >= 0 and measure_steps >= 1 or None, got {self.warmup_steps} "
-                             f"and {self.measure_steps}")
+        bad_measure = self.measure_steps is not None and self.measure_steps < 1
+        if self.warmup_steps < 0 or bad_measure:
+            raise ValueError("warmup_steps must be >= 0 and measure_steps >= 1 or None, "
+                             f"got {self.warmup_steps} and {self.measure_steps}")
 
-    def in_window(self, step: int) -> bool:  # step: 0-based, from the first step this run took
+    def in_window(self, step: int) -> bool:
+        """Whether ``step`` (0-based, counted from the first step this run took) is measured."""
         return 0 <= step - self.warmup_steps < (self.measure_steps or math.inf)
 
 
 class StepTimer:
-    """Durations of the optimizer steps inside a :class:`Window`, ``sync`` run before each reading of ``clock`` so
-    that queued kernels fall inside their step."""
+    """Durations of the optimizer steps inside a :class:`Window`; ``sync`` runs before each reading of ``clock``, so
+    that queued kernels fall inside their step. Beside each measured step's duration it keeps the process's CPU time
+    over it (all threads), which tells a step that had its cores from one that waited for them."""
 
     def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None) -> None:
+                 clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None,
+                 cpu_clock: Callable[[], float] = time.process_time) -> None:
         self.window = Window(warmup_steps, measure_steps)
-        self.clock, self.sync = clock, sync or (lambda: None)
-        self.steps_seen, self._t0 = 0, None  # steps stopped, measured or not; the running step's start
+        self.clock = clock
+        self.sync = sync or (lambda: None)
+        self.cpu_clock = cpu_clock
+        self.steps_seen = 0  # steps stopped, measured or not
+        self.cpu_s = 0.0  # process CPU time over the measured steps
+        self.host_s = 0.0  # host wall time over the measured steps
         self._durations_s: list[float] = []
+        self._started: tuple[Any, float, float] | None = None  # the running step's clock, CPU and host readings
 
     def in_window(self, step_index: int | None = None) -> bool:
         """Whether step ``step_index`` (0-based; default: the next one) is in the measured window."""
@@ -66,19 +77,27 @@ class StepTimer:
         return self._durations_s[-1]
 
     def start(self) -> None:
-        self._t0 = self._now()
+        self._started = (self._now(), self.cpu_clock(), time.perf_counter())
 
     def stop(self, exclude: bool = False) -> float | None:
-        """End the current step; its duration in seconds if it was measured and is known now, else ``None``."""
-        if self._t0 is None:
+        """End the current step; its duration in seconds if it was measured and is known now, else ``None``.
+        ``exclude``: a step that other work disturbed (an anatomy capture, an evaluation) is not measured."""
+        if self._started is None:
             raise RuntimeError("StepTimer.stop() without start()")
-        t0, self._t0, measured = self._t0, None, self.in_window() and not exclude
+        t0, cpu0, host0 = self._started
+        self._started = None
+        measured = self.in_window() and not exclude
         self.steps_seen += 1
-        return self._add(t0, self._now()) if measured else None
+        if not measured:
+            return None
+        duration = self._add(t0, self._now())
+        self.cpu_s += self.cpu_clock() - cpu0
+        self.host_s += time.perf_counter() - host0
+        return duration
 
     def cancel(self) -> None:
         """Drop a step that was started but will not finish (a fit stopped mid-step)."""
-        self._t0 = None
+        self._started = None
 
     @property
     def durations_s(self) -> list[float]:
@@ -93,23 +112,28 @@ class StepTimer:
     def p90_s(self) -> float | None:
         return percentile(self.durations_s, 90) if self.durations_s else None
 
-    def summary(self, steps_per_epoch: int | None = None, samples_per_step: int | None = None) -> dict[str, Any]:
-        """The record's ``timing`` figures (without ``wall_time_s``); ``samples_per_step`` is the global batch."""
-        d, med = self.durations_s, self.median_s()
-        figures = {"median": med, "p90": self.p90_s(), "min": min(d, default=None), "max": max(d, default=None)}
-        return {
-            "warmup_steps": self.window.warmup_steps,
-            "measured_steps": len(d),
-            **{f"step_time_{k}_ms": None if v is None else v * 1e3 for k, v in figures.items()},
-            "steps_per_epoch": steps_per_epoch,
-            "epoch_time_s": None if med is None or steps_per_epoch is None else steps_per_epoch * med,
-            "samples_per_s": samples_per_step / med if med and samples_per_step else None,
-        }
+    def cpu_utilization(self, threads: int) -> float | None:
+        """CPU time over the measured steps ÷ (their wall time × ``threads``); None before any."""
+        if not self.host_s or threads < 1:
+            return None
+        return self.cpu_s / (self.host_s * threads)
+
+    def summary(self, samples_per_step: int | None = None) -> dict[str, Any]:
+        """The record's step-time figures; ``samples_per_step`` is the global batch."""
+        durations = self.durations_s
+        median = self.median_s()
+        figures = {"median": median, "p90": self.p90_s(),
+                   "min": min(durations, default=None), "max": max(durations, default=None)}
+        out: dict[str, Any] = {"warmup_steps": self.window.warmup_steps, "measured_steps": len(durations)}
+        for name, seconds in figures.items():
+            out[f"step_time_{name}_ms"] = None if seconds is None else seconds * 1e3
+        out["samples_per_s"] = samples_per_step / median if median and samples_per_step else None
+        return out
 
 
 class CudaEventTimer(StepTimer):
-    """A :class:`StepTimer` on CUDA events, read as the device finishes them or when a figure is asked for, so the
-    host never waits on the device inside the loop; :meth:`stop` returns None."""
+    """A :class:`StepTimer` on CUDA events, read as the device finishes them or when a figure is asked for, so
+    the host never waits on the device inside the loop; :meth:`stop` returns None."""
 
     def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None) -> None:
         super().__init__(warmup_steps, measure_steps)
@@ -137,8 +161,9 @@ class CudaEventTimer(StepTimer):
 
 
 class StepCycle:
-    """Groups micro-batches into optimizer steps by watching the step counter: a cycle closes after the micro-batch
-    that moves it, so the accumulation rule (a short last cycle, manual optimization) need not be known."""
+    """Groups micro-batches into optimizer steps by watching the step counter: a cycle closes after the
+    micro-batch that moves it, so the accumulation rule (a short last cycle, manual optimization) need not be
+    known."""
 
     def __init__(self) -> None:
         self.open = False
@@ -149,7 +174,9 @@ class StepCycle:
     def begin(self, step_counter: int) -> bool:
         """Call before each micro-batch; True if it opens a new optimizer step."""
         if not self.open:
-            self.open, self.step, self.micro_batches = True, step_counter, 0
+            self.open = True
+            self.step = step_counter
+            self.micro_batches = 0
         self.micro_batches += 1
         return self.micro_batches == 1
 
@@ -157,5 +184,6 @@ class StepCycle:
         """Call after each micro-batch; True if the optimizer stepped (the cycle is complete)."""
         closed = self.open and step_counter != self.step
         if closed:
-            self.open, self.cycles = False, self.cycles + 1
+            self.open = False
+            self.cycles += 1
         return closed

@@ -57,6 +57,15 @@ def count(n: float) -> str:
 
 
 @_dash_if_missing
+def flop_count(flops: float) -> str:
+    """FLOPs with an SI prefix and the unit, three significant digits: ``426 GFLOP``, ``1.2 MFLOP``."""
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(flops) >= scale:
+            return f"{flops / scale:.3g} {prefix}FLOP"
+    return f"{flops:.0f} FLOP"
+
+
+@_dash_if_missing
 def duration(seconds: float) -> str:
     """Seconds in the largest fitting unit, three significant digits: ``850 ms``, ``2.5 min``, ``3.1 days``."""
     units = ((1, 1e-3, "ms"), (120, 1, "s"), (7200, 60, "min"), (172800, 3600, "h"), (math.inf, 86400, "days"))

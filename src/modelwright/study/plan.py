@@ -162,15 +162,14 @@ def effective_batch(resolved: Mapping) -> int | None:
 
 def patch_callbacks(callbacks: Any, warmup_steps: int, record_path: str | None = None) -> list[dict]:
     """The callbacks list of a study run: the measurement window set, no checkpoint files, the record path; a
-    ConfigError if it has no ``RunRecord`` (the study could not read the run's result)."""
+    ConfigError if it has no ``RunMonitor`` (the study could not read the run's result)."""
     def name(cb: Any) -> str:
         return str(cb.get("class_path", "")).rsplit(".", 1)[-1] if isinstance(cb, dict) else str(cb or "")
 
-    ok = isinstance(callbacks, list) and any(name(cb) == "RunRecord" for cb in callbacks)
-    require(ok, "trainer.callbacks: the study needs callbacks.run_record.RunRecord in the list (configs/base.yaml)")
-    window = {"StepTimeMonitor": {"warmup_steps": warmup_steps, "measure_steps": None},
-              "MemoryMonitor": {"warmup_steps": warmup_steps, "anatomy": True, "anatomy_step": None},
-              "RunRecord": {"record_path": record_path, "records_jsonl": None}}
+    ok = isinstance(callbacks, list) and any(name(cb) == "RunMonitor" for cb in callbacks)
+    require(ok, "trainer.callbacks: the study needs callbacks.run_monitor.RunMonitor in the list (configs/base.yaml)")
+    window = {"RunMonitor": {"warmup_steps": warmup_steps, "measure_steps": None, "anatomy": True,
+                             "anatomy_step": None, "record_path": record_path, "records_jsonl": None}}
     return [{**copy.deepcopy(cb), "init_args": {**(cb.get("init_args") or {}), **window.get(name(cb), {})}}
             for cb in callbacks if name(cb) != "ModelCheckpoint"]  # a study run saves no checkpoint
 
