@@ -29,14 +29,16 @@ def unwrap_net(pl_module: pl.LightningModule) -> torch.nn.Module:
 
 
 def _not_an_advert(record: logging.LogRecord) -> bool:
-    return not str(record.msg).startswith(("💡 Tip:", "Trainer already configured with model summary callbacks"))
+    adverts = ("💡 Tip:", "Trainer already configured with model summary callbacks")
+    return not str(record.msg).startswith(adverts)
 
 
 def quiet_lightning() -> None:
     """Silence, by exact message, output a user cannot act on: Lightning's logging-service adverts, the
-    FutureWarning torch raises at Lightning's own use of ``LeafSpec``, and the model summary's note that it sizes
-    mixed-precision parameters as fp32 (they are fp32). Every other warning stays."""
-    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_an_advert)  # once: a set of filters
+    FutureWarning torch raises at Lightning's own use of ``LeafSpec``, and the model summary's note that it
+    sizes mixed-precision parameters as fp32 (they are fp32). Every other warning stays."""
+    # addFilter keeps a set: calling this again adds nothing.
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_not_an_advert)
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning, module=r"lightning\.pytorch\.utilities\._pytree")
     warnings.filterwarnings("ignore", message=r"Precision .* is not supported by the model summary")

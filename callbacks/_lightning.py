@@ -15,8 +15,9 @@ def validation_follows(trainer: pl.Trainer) -> bool:
     """Whether a validation runs after the current training batch: Lightning's own rule
     (``fit_loop._data_fetcher``, ``epoch_loop._should_check_val_fx``)."""
     fetcher = trainer.fit_loop._data_fetcher
-    return trainer.enable_validation and fetcher is not None and trainer.fit_loop.epoch_loop._should_check_val_fx(
-        fetcher)
+    if not trainer.enable_validation or fetcher is None:
+        return False
+    return trainer.fit_loop.epoch_loop._should_check_val_fx(fetcher)
 
 
 def every_n_train_steps(callback: ModelCheckpoint) -> int:
@@ -25,7 +26,8 @@ def every_n_train_steps(callback: ModelCheckpoint) -> int:
 
 
 def skips_saving(callback: ModelCheckpoint, trainer: pl.Trainer) -> bool:
-    """Whether a ``ModelCheckpoint`` would save nothing now (fast_dev_run, sanity check, saved at this step)."""
+    """Whether a ``ModelCheckpoint`` would save nothing now (a fast_dev_run, the sanity check, a step it
+    saved already)."""
     return callback._should_skip_saving_checkpoint(trainer)
 
 
@@ -37,7 +39,7 @@ def save_checkpoint_now(callback: ModelCheckpoint, trainer: pl.Trainer) -> None:
 
 
 def grad_scale(trainer: pl.Trainer) -> torch.Tensor | None:
-    """The enabled GradScaler's scale as its device tensor (``_scale``: ``get_scale()`` would stall the host)."""
+    """The enabled GradScaler's scale, as its device tensor ``_scale`` (``get_scale()`` stalls the host)."""
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     return scaler._scale if scaler is not None and scaler.is_enabled() else None
 

@@ -1,9 +1,11 @@
-"""Lightning's checkpointing, made safe to kill: checkpoints a resume can continue from exactly, written atomically.
+"""Lightning's checkpointing, made safe to kill: checkpoints a resume can continue from exactly, written
+atomically.
 
 :class:`ModelCheckpoint` defers a step checkpoint due on a batch that a validation follows until after that
 validation (saved before it, a resumed run skips it: Lightning counts it done), and saves nothing on a
-``fast_dev_run``. :class:`AtomicCheckpointIO`: Lightning moves a checkpoint from the system's temp folder, a copy
-across filesystems that a kill leaves half-done; this writes beside the destination, fsyncs and renames."""
+``fast_dev_run``. :class:`AtomicCheckpointIO`: Lightning moves a checkpoint from the system's temp folder, a
+copy across filesystems that a kill leaves half-done; this writes beside the destination, fsyncs and
+renames."""
 
 from typing import Any
 

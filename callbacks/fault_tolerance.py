@@ -1,5 +1,6 @@
-"""How a fit stops when asked to, or when one of its processes fails: SIGTERM and Ctrl-C end it at a point a resume
-continues from exactly, with a checkpoint and the command that resumes; a failing DDP rank ends every process."""
+"""How a fit stops when asked to, or when one of its processes fails: SIGTERM and Ctrl-C end it at a point a
+resume continues from exactly, with a checkpoint and the command that resumes; a failing DDP rank ends every
+process."""
 
 import atexit
 import os
@@ -16,9 +17,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from callbacks import _lightning
 
+
 class _StopSignals:
-    """This process's handler of SIGTERM and SIGINT while a fit runs (signals are process-wide): the first one asks
-    the fit to stop; outside a fit, the handlers that were there before decide."""
+    """This process's handler of SIGTERM and SIGINT while a fit runs (signals are process-wide): the first one
+    asks the fit to stop; outside a fit, the handlers that were there before decide."""
 
     def __init__(self) -> None:
         self.received: int | None = None  # the first stop signal of the current fit
@@ -66,16 +68,17 @@ def stop_signal() -> int | None:
 
 
 class GracefulStop(Callback):
-    """SIGTERM or Ctrl-C stops the fit after the optimizer step in flight (or after a validation that runs between
-    steps), saves ``last.ckpt``, prints the command that resumes, and exits 143 (SIGTERM) or 130 (Ctrl-C): 128 +
-    the signal, the shell's convention. The record says ``interrupted``. A second Ctrl-C stops at once, without a
-    checkpoint; a second SIGTERM changes nothing. Under DDP every rank stops after the same step (one
-    one-element all-reduce per step); any other exception on rank 0 SIGKILLs the child ranks as it exits, or they
-    would hold memory till the process-group timeout (Lightning's launcher kills the others ~5 s after a child
-    rank fails).
+    """SIGTERM or Ctrl-C stops the fit after the optimizer step in flight (or after a validation that runs
+    between steps), saves ``last.ckpt``, prints the command that resumes, and exits 143 (SIGTERM) or 130
+    (Ctrl-C): 128 + the signal, the shell's convention. The record says ``interrupted``. A second Ctrl-C stops
+    at once, without a checkpoint; a second SIGTERM changes nothing. Under DDP every rank stops after the same
+    step (one one-element all-reduce per step); any other exception on rank 0 SIGKILLs the child ranks as it
+    exits, or they would hold memory till the process-group timeout (Lightning's launcher kills the others
+    about 5 s after a child rank fails).
 
     Args:
-        filename: the checkpoint written on a stop, in the first ``ModelCheckpoint``'s folder (none without one).
+        filename: the checkpoint written on a stop, in the first ``ModelCheckpoint``'s folder (no checkpoint
+            without one).
     """
 
     def __init__(self, filename: str = "last") -> None:
@@ -85,15 +88,15 @@ class GracefulStop(Callback):
         self._steps_at_batch_start = 0
 
     def setup(self, trainer, pl_module, stage) -> None:
-        # Before Lightning registers its handlers: its teardown puts these back, so a signal that arrives while
-        # the run ends (a second SIGTERM) is still ours and the exit status stays 143.
+        # Before Lightning registers its handlers: its teardown puts these back, so a signal that arrives
+        # while the run ends (a second SIGTERM) is still ours and the exit status stays 143.
         _STOP.received = None
         _STOP.fitting = stage == "fit"
         _STOP.install()
 
     def on_train_start(self, trainer, pl_module) -> None:
-        # After Lightning's handlers: ours alone, so a signal waits for the step in flight instead of Lightning's
-        # stop at the next batch end, which may fall inside an accumulation cycle.
+        # After Lightning's handlers: ours alone, so a signal waits for the step in flight instead of
+        # Lightning's stop at the next batch end, which may fall inside an accumulation cycle.
         _STOP.install()
 
     def teardown(self, trainer, pl_module, stage) -> None:
@@ -140,7 +143,8 @@ class GracefulStop(Callback):
         try:  # on every rank: it synchronizes them
             trainer.save_checkpoint(path, weights_only=False)
         except Exception as err:  # the stop must still happen, and say why it has no checkpoint
-            warnings.warn(f"GracefulStop: no checkpoint on the stop ({type(err).__name__}: {err})", stacklevel=2)
+            why = f"{type(err).__name__}: {err}"
+            warnings.warn(f"GracefulStop: no checkpoint on the stop ({why})", stacklevel=2)
             return None
         return path
 

@@ -1,4 +1,4 @@
-"""Lightning's model summary with the FLOPs this project measures: training FLOPs per micro-batch, per layer."""
+"""Lightning's model summary with the FLOPs this project measures: training FLOPs per micro-batch by layer."""
 
 import warnings
 
@@ -15,10 +15,11 @@ from modelwright.report.fmt import flop_count
 
 
 class FlopsModelSummary(ModelSummary):
-    """Lightning's ``ModelSummary`` (``max_depth`` as its) counts a forward of ``example_input_array`` on the device
-    (``0 Total Flops`` without one); this counts a forward and backward of a meta-device copy of the network
-    (nothing runs) on a micro-batch shaped like the data: the figure the step probe divides by step time for MFU.
-    FLOPs print as FLOP counts (``426 GFLOP``), not in Lightning's units for parameters (``426 B``)."""
+    """Lightning's ``ModelSummary`` (``max_depth`` as its) counts a forward of ``example_input_array`` on the
+    device (``0 Total Flops`` without one); this counts a forward and backward of a meta-device copy of the
+    network (nothing runs) on a micro-batch shaped like the data: the figure the step probe divides by step
+    time for MFU. FLOPs print as FLOP counts (``426 GFLOP``), not in Lightning's units for parameters (``426
+    B``)."""
 
     def _summary(self, trainer, pl_module) -> Summary:
         summary = Summary(pl_module, self._max_depth)  # Lightning's table, its FLOP counter filled here
@@ -26,7 +27,7 @@ class FlopsModelSummary(ModelSummary):
         counts = {}
         try:
             counts = self._layer_flops(trainer, pl_module, counter)
-        except Exception as err:  # a sharded network (FSDP2 cannot be copied), no example: a table without FLOPs
+        except Exception as err:  # a sharded network (FSDP2 cannot be copied), no example: no FLOPs column
             warnings.warn(f"FlopsModelSummary: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
         counter.flop_counts.clear()
         counter.flop_counts.update(counts)
@@ -35,7 +36,7 @@ class FlopsModelSummary(ModelSummary):
     @staticmethod
     def _layer_flops(trainer, pl_module, counter) -> dict:
         example = pl_module.example_input_array
-        if not isinstance(example, torch.Tensor):  # a micro-batch of the first training sample: its shape is all
+        if not isinstance(example, torch.Tensor):  # a micro-batch shaped like the first training sample
             datamodule = trainer.datamodule
             sample = first_tensor(datamodule.train_set[0])
             example = sample.expand(datamodule.hparams["batch_size"], *sample.shape)

@@ -1,7 +1,8 @@
-"""A throttled progress bar: Lightning's ``TQDMProgressBar`` redraws after every batch, at milliseconds a redraw; on
-the small CNN that was the whole of the Lightning loop's lead over a raw loop (``benchmarks/overhead.py --model
-smallcnn --epoch``). A ``refresh_rate`` of N batches would leave resnet18's steps of seconds without news; a clock
-does not. (tqdm's ``mininterval`` does not apply: Lightning calls ``refresh()`` itself.)"""
+"""A throttled progress bar: Lightning's ``TQDMProgressBar`` redraws after every batch, at milliseconds a
+redraw; on the small CNN that was the whole of the Lightning loop's lead over a raw loop
+(``benchmarks/overhead.py --model smallcnn --epoch``). A ``refresh_rate`` of N batches would leave resnet18's
+steps of seconds without news; a clock does not. (tqdm's ``mininterval`` does not apply: Lightning calls
+``refresh()`` itself.)"""
 
 import time
 from collections.abc import Callable
@@ -11,8 +12,8 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 
 class ThrottledProgressBar(TQDMProgressBar):
     """``TQDMProgressBar`` whose bars redraw at most every ``min_interval_s`` seconds (0: as ``refresh_rate``
-    alone says), and always at a pass's last batch; ``refresh_rate`` and ``leave`` as ``TQDMProgressBar``'s.
-    A skipped redraw skips Lightning's whole batch-end update: the next one sets the bar's count absolutely."""
+    alone says), and always at a pass's last batch; ``refresh_rate`` and ``leave`` as ``TQDMProgressBar``'s. A
+    skipped redraw skips Lightning's whole batch-end update: the next one sets the bar's count absolutely."""
 
     def __init__(self, min_interval_s: float = 0.5, refresh_rate: int = 1, leave: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -35,7 +36,7 @@ class ThrottledProgressBar(TQDMProgressBar):
         if self.due(batch_idx + 1, self.train_progress_bar.total):
             super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         if self.due(batch_idx + 1, self.val_progress_bar.total):
             super().on_validation_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
 

@@ -1,9 +1,9 @@
-"""The run's measurements and its record: Lightning's hooks forwarded to one :class:`~modelwright.measure.StepProbe`
-(time, memory and its anatomy, FLOPs and MFU, whole epochs, non-finite losses), ``perf/*`` and ``mem/*`` in
-TensorBoard, and one JSON record per run (docs/record-schema.md), written by global rank 0 with status ``running``
-when training starts and replaced, atomically, when it ends (``ok``, ``failed``, ``oom``, ``interrupted``,
-``diverged``). A ``fast_dev_run`` writes no record. Lightning's ``ThroughputMonitor`` has the same split: a
-neutral core, hooks that only forward."""
+"""The run's measurements and its record: Lightning's hooks forwarded to one
+:class:`~modelwright.measure.StepProbe` (time, memory and its anatomy, FLOPs and MFU, whole epochs, non-finite
+losses), ``perf/*`` and ``mem/*`` in TensorBoard, and one JSON record per run (docs/record-schema.md), written
+by global rank 0 with status ``running`` when training starts and replaced, atomically, when it ends (``ok``,
+``failed``, ``oom``, ``interrupted``, ``diverged``). A ``fast_dev_run`` writes no record. Lightning's
+``ThroughputMonitor`` has the same split: a neutral core, hooks that only forward."""
 
 import contextlib
 import os
@@ -21,18 +21,28 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from callbacks import _lightning
 from callbacks._glue import log_every, log_scalars, quiet_lightning, unwrap_net
 from modelwright import measure
-from modelwright.record import METRIC_KEYS, append_record, build_record, remove_stale_temp_files, to_jsonable
-from modelwright.record import write_record
+from modelwright.record import (
+    METRIC_KEYS,
+    append_record,
+    build_record,
+    remove_stale_temp_files,
+    to_jsonable,
+    write_record,
+)
 from modelwright.report.run_summary import summary_lines, write_tensorboard
 from modelwright.train.models import checkpointed_modules
 
+# Others: the class name less "Strategy", lower case.
 _STRATEGY_NAMES = {"SingleDeviceStrategy": "single_device", "ModelParallelStrategy": "model_parallel",
-                   "SingleDeviceXLAStrategy": "single_xla"}  # others: the class name less "Strategy", lower case
-_LAYOUT = {  # TensorBoard's custom-scalars tab: {category: {chart: ["Multiline", [tag regex, ...]]}}
+                   "SingleDeviceXLAStrategy": "single_xla"}
+# TensorBoard's custom-scalars tab: {category: {chart: ["Multiline", [tag regex, ...]]}}
+_LAYOUT = {
     "perf": {"step time (ms)": ["Multiline", ["perf/step_time_ms"]],
-             "throughput (samples/s)": ["Multiline", ["perf/samples_per_s"]], "MFU": ["Multiline", ["perf/mfu"]]},
+             "throughput (samples/s)": ["Multiline", ["perf/samples_per_s"]],
+             "MFU": ["Multiline", ["perf/mfu"]]},
     "mem": {"peak (MiB)": ["Multiline", ["mem/peak_(allocated|reserved)_mib", "mem/process_rss_peak_mib"]]},
-    "train / val": {"loss": ["Multiline", ["(train|val)/loss"]], "accuracy": ["Multiline", ["(train|val)/acc"]]},
+    "train / val": {"loss": ["Multiline", ["(train|val)/loss"]],
+                    "accuracy": ["Multiline", ["(train|val)/acc"]]},
 }
 
 
@@ -44,16 +54,19 @@ class RunMonitor(Callback):
         measure_steps: steps measured after the warm-up; ``None`` measures until the end of the fit.
         anatomy: capture where the memory of one step goes (that step is not timed).
         anatomy_step: the optimizer step to capture (0-based); default the first after the warm-up.
-        cuda_timing: on CUDA, ``events`` (no host stall per step) or ``synchronize`` (before each clock reading).
-        peak_flops_per_s: peak FLOP/s of one device in the run's compute dtype, for MFU; ``None``: the hardware's.
-        on_nonfinite: a non-finite training loss ``stop``s the run (record: ``diverged``) or ``skip``s its step
-            (no weight, optimizer state or BatchNorm statistic changes; counted).
+        cuda_timing: on CUDA, ``events`` (no host stall per step) or ``synchronize`` (before each clock
+            reading).
+        peak_flops_per_s: peak FLOP/s of one device in the run's compute dtype, for MFU; ``None``: the
+            hardware's.
+        on_nonfinite: a non-finite training loss ``stop``s the run (record: ``diverged``) or ``skip``s its
+            step (no weight, optimizer state or BatchNorm statistic changes; counted).
         max_skipped_steps: with ``skip``, stop once more than this many steps were skipped; ``None``: never.
         record_path: where to write the record; ``{log_dir}`` and ``{run_id}`` are filled in (default
             ``{log_dir}/record.json``, the logger's version folder).
         records_jsonl: also append the final record as one line to this ``.jsonl`` file (same placeholders).
         run_id: the run's id; default ``$MODELWRIGHT_RUN_ID``, else time + random suffix.
-        history: keep ``train/*`` every logging step and ``val/*`` every validation in the record's ``history``.
+        history: keep ``train/*`` every logging step and ``val/*`` every validation in the record's
+            ``history``.
         log_every_n_steps: how often ``perf/*``, ``mem/*`` and the history are logged; default the Trainer's.
         summary: print the summary on rank 0 and put it, with the anatomy figure, into TensorBoard.
     """
@@ -81,7 +94,7 @@ class RunMonitor(Callback):
         self._evaluation: contextlib.ExitStack | None = None
         self._done = False
 
-    # --- the fit's life -----------------------------------------------------------------------------------------
+    # --- the fit's life -------------------------------------------------------------------------------------
 
     def setup(self, trainer, pl_module, stage) -> None:
         if stage == "fit":
@@ -96,7 +109,8 @@ class RunMonitor(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         dataset = getattr(getattr(trainer, "train_dataloader", None), "dataset", None)
         self.probe.start(
-            device=pl_module.device, precision=trainer.precision, modules=[pl_module], optimizers=trainer.optimizers,
+            device=pl_module.device, precision=trainer.precision, modules=[pl_module],
+            optimizers=trainer.optimizers,
             micro_batches_per_step=trainer.accumulate_grad_batches, world_size=trainer.world_size,
             first_step=trainer.global_step, main_process=trainer.is_global_zero,
             reduce=lambda value: trainer.strategy.reduce(value, reduce_op="sum"),
@@ -113,12 +127,12 @@ class RunMonitor(Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self.probe.epoch_ends(expected_steps=_steps_per_epoch(trainer))
 
-    # --- the step cycle -----------------------------------------------------------------------------------------
+    # --- the step cycle -------------------------------------------------------------------------------------
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.probe.before_micro_batch(trainer.global_step, batch)
 
-    def on_before_backward(self, trainer, pl_module, loss) -> None:  # training only: validation has no backward
+    def on_before_backward(self, trainer, pl_module, loss) -> None:  # training only: validation has none
         self.probe.observe_loss(loss, trainer.current_epoch, trainer.fit_loop.epoch_loop.batch_idx)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
@@ -162,10 +176,12 @@ class RunMonitor(Callback):
             status = measure.error_status(exception)
             self._finish(trainer, pl_module, status, _error_line(exception))
             # A stop every rank takes (SIGTERM, a non-finite loss): the other ranks wait for rank 0's record.
-            if trainer.world_size > 1 and isinstance(exception, (SIGTERMException, measure.NonFiniteLossError)):
+            every_rank = isinstance(exception, (SIGTERMException, measure.NonFiniteLossError))
+            if trainer.world_size > 1 and every_rank:
                 trainer.strategy.barrier("RunMonitor")
 
-    def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str, error: str | None) -> None:
+    def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str,
+                error: str | None) -> None:
         if self._done:
             return
         self._done = True
@@ -179,7 +195,7 @@ class RunMonitor(Callback):
                 raise
             print(f"warning: RunMonitor could not write the record of a {status} run: {err}", file=sys.stderr)
 
-    # --- the record ---------------------------------------------------------------------------------------------
+    # --- the record -----------------------------------------------------------------------------------------
 
     def build(self, trainer: pl.Trainer, pl_module: pl.LightningModule, status: str = "ok",
               error: str | None = None) -> dict[str, Any]:
@@ -207,12 +223,13 @@ class RunMonitor(Callback):
         }
         if techniques["channels_last"] is None:  # sharded weights cannot be read: what the config asked for
             techniques["channels_last"] = hparams.get("channels_last")
-        metrics = {k: _scalar(v) for k, v in trainer.callback_metrics.items() if not k.startswith(("perf/", "mem/"))}
-        record = build_record(
-            loop="lightning", status=status, error=error, run_id=self.run_id, config=config, techniques=techniques,
-            hardware=measure.hardware_info(pl_module.device, num_devices=trainer.num_devices),
-            versions=measure.versions(), history={k: list(v) for k, v in self._history.items()}, metrics=metrics,
-            **sections)
+        metrics = {key: _scalar(value) for key, value in trainer.callback_metrics.items()
+                   if not key.startswith(("perf/", "mem/"))}
+        hardware = measure.hardware_info(pl_module.device, num_devices=trainer.num_devices)
+        history = {key: list(points) for key, points in self._history.items()}
+        record = build_record(loop="lightning", status=status, error=error, run_id=self.run_id, config=config,
+                              techniques=techniques, hardware=hardware, versions=measure.versions(),
+                              history=history, metrics=metrics, **sections)
         self.run_id = record["run_id"]  # the same id for the record rewritten at the end
         return record
 
@@ -271,7 +288,7 @@ def _resolved_config(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict
 
 def _error_line(exception: BaseException) -> str:
     if isinstance(exception, SIGTERMException):
-        return "SIGTERMException: stopped by a signal (SIGTERM or Ctrl-C); a checkpoint was saved to resume from"
+        return "SIGTERMException: stopped by SIGTERM or Ctrl-C, with a checkpoint to resume from"
     return measure.one_line_error(exception)
 
 

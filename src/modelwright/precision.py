@@ -1,5 +1,6 @@
-"""Lightning's precision names and what each one means to the rest of the project: the dtype the matmuls run in,
-whether autocast runs, and Hugging Face Accelerate's ``mixed_precision``. The one table of them; no torch here."""
+"""Lightning's precision names and what each one means to the rest of the project: the dtype the matmuls run
+in, whether autocast runs, and Hugging Face Accelerate's ``mixed_precision``. The one table of them; no torch
+here."""
 
 from dataclasses import dataclass
 
@@ -8,7 +9,8 @@ from modelwright.errors import require
 
 @dataclass(frozen=True)
 class Precision:
-    """One of Lightning's precisions. ``accelerate`` is Accelerate's ``mixed_precision`` (None: it has none)."""
+    """One of Lightning's precisions. ``accelerate`` is Accelerate's ``mixed_precision`` (None: it has
+    none)."""
 
     name: str
     compute_dtype: str

@@ -1,8 +1,9 @@
 """The training of ``main.py fit`` as one plain PyTorch loop driven by Hugging Face Accelerate; no Lightning.
 
-To run: ``uv run python -m modelwright accelerate --config configs/amp.yaml`` (N processes: docs/accelerate.md).
-The loop reads like Accelerate's ``examples/by_feature`` scripts: the forward, backward and optimizer step, with
-the same :class:`~modelwright.measure.StepProbe` calls as the Lightning callback's hooks around them.
+To run: ``uv run python -m modelwright accelerate --config configs/amp.yaml`` (N processes:
+docs/accelerate.md). The loop reads like Accelerate's ``examples/by_feature`` scripts: the forward, backward
+and optimizer step, with the same :class:`~modelwright.measure.StepProbe` calls as the Lightning callback's
+hooks around them.
 """
 
 import math
@@ -73,9 +74,9 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
     warmup_steps: int = 2,
     out: str = "lightning_logs",
 ):
-    """Train as ``main.py fit`` does, in a plain Accelerate loop, and write the run record (``loop: accelerate``)
-    to ``<out>/<trainer.logger.init_args.name>/accelerate/version_N/record.json``, the next free N. Returns the
-    trained network (unwrapped) and the run record, on every process.
+    """Train as ``main.py fit`` does, in a plain Accelerate loop, and write the run record (``loop:
+    accelerate``) to ``<out>/<trainer.logger.init_args.name>/accelerate/version_N/record.json``, the next free
+    N. Returns the trained network (unwrapped) and the run record, on every process.
 
     Args:
         model: the network, optimizer and schedule (ImageClassifier's arguments).
@@ -93,11 +94,13 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
     run = prepare(model, data, trainer, seed_everything, out)
     probe = measure.StepProbe(warmup_steps)
     probe.prepare(run.plain)
-    with run.accelerator.main_process_first():  # one process per machine measures the clock, the others read it
-        probe.start(device=run.accelerator.device, precision=run.precision, modules=[run.plain],
-                    optimizers=[run.optimizer.optimizer], micro_batches_per_step=trainer.accumulate_grad_batches,
-                    world_size=run.accelerator.num_processes, main_process=run.accelerator.is_main_process,
-                    reduce=lambda value: run.accelerator.reduce(value, "sum"),
+    accelerator = run.accelerator
+    with accelerator.main_process_first():  # one process per machine measures the CPU clock; the rest read it
+        probe.start(device=accelerator.device, precision=run.precision, modules=[run.plain],
+                    optimizers=[run.optimizer.optimizer],
+                    micro_batches_per_step=trainer.accumulate_grad_batches,
+                    world_size=accelerator.num_processes, main_process=accelerator.is_main_process,
+                    reduce=lambda value: accelerator.reduce(value, "sum"),
                     data=getattr(run.train_set, "tensors", ()))
     history = History(run.accelerator)
     status, error = "ok", None
@@ -112,9 +115,12 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
     return run.plain, record
 
 
-def train(run: Run, probe: measure.StepProbe, history: "History", model: ModelArgs, trainer: TrainerArgs) -> None:
+def train(run: Run, probe: measure.StepProbe, history: "History", model: ModelArgs,
+          trainer: TrainerArgs) -> None:
     """The training loop: every epoch, every micro-batch, the validations between them."""
-    accelerator, net, optimizer = run.accelerator, run.net, run.optimizer
+    accelerator = run.accelerator
+    net = run.net
+    optimizer = run.optimizer
     bar = tqdm(total=run.total_steps, desc="train", unit="step", dynamic_ncols=True, leave=False,
                disable=not accelerator.is_main_process or trainer.enable_progress_bar is False)
     step, epoch = 0, 0
@@ -178,24 +184,28 @@ def prepare(model: ModelArgs, data: DataArgs, trainer: TrainerArgs, seed: int, o
         train_set, val_set = image_datasets(data, download=data.download)
     train_loader = image_loader(train_set, data, train=True)
     val_loader = image_loader(val_set, data, train=False)
-    optimizer = build_optimizer(net.parameters(), optimizer=model.optimizer, lr=model.lr, momentum=model.momentum,
-                                weight_decay=model.weight_decay, optimizer_impl=model.optimizer_impl)
+    optimizer = build_optimizer(net.parameters(), optimizer=model.optimizer, lr=model.lr,
+                                momentum=model.momentum, weight_decay=model.weight_decay,
+                                optimizer_impl=model.optimizer_impl)
     net, optimizer, train_loader, val_loader = accelerator.prepare(net, optimizer, train_loader, val_loader)
     lengths = _lengths(trainer, len(train_loader), len(val_loader))
     # Not prepared: Accelerate would step it once per process per optimizer step; Lightning steps it once.
-    scheduler = build_scheduler(optimizer.optimizer, model.scheduler, lr=model.lr, total_steps=lengths["total_steps"])
+    scheduler = build_scheduler(optimizer.optimizer, model.scheduler, lr=model.lr,
+                                total_steps=lengths["total_steps"])
     run_dir = next_version(accelerator, root)
-    return Run(accelerator, net, accelerator.unwrap_model(net), optimizer, scheduler, train_loader, val_loader,
-               train_set, precision, run_dir=run_dir, **lengths)
+    return Run(accelerator=accelerator, net=net, plain=accelerator.unwrap_model(net), optimizer=optimizer,
+               scheduler=scheduler, train_loader=train_loader, val_loader=val_loader, train_set=train_set,
+               precision=precision, run_dir=run_dir, **lengths)
 
 
 def _lengths(trainer: TrainerArgs, train_length: int, val_length: int) -> dict[str, int]:
     """Batches per epoch, the validation cadence and the steps of the fit, as Lightning counts them."""
     accumulate = trainer.accumulate_grad_batches
     train_batches = limited_batches(train_length, trainer.limit_train_batches)
-    require(train_batches == train_length or train_batches % accumulate == 0,  # Lightning steps at an epoch's end
-            f"trainer.limit_train_batches: {train_batches} batches, not a multiple of accumulate_grad_batches "
-            f"{accumulate}")
+    # Lightning steps at the end of a whole epoch, not of one that limit_train_batches cut short.
+    require(train_batches == train_length or train_batches % accumulate == 0,
+            f"trainer.limit_train_batches: {train_batches} batches, not a multiple of "
+            f"accumulate_grad_batches {accumulate}")
     interval = trainer.val_check_interval
     val_every = interval if isinstance(interval, int) else max(1, int(train_batches * interval))
     steps_per_epoch = math.ceil(train_batches / accumulate)
@@ -205,14 +215,15 @@ def _lengths(trainer: TrainerArgs, train_length: int, val_length: int) -> dict[s
         max_epochs = 1000 if trainer.max_steps == -1 else -1
     by_epochs = steps_per_epoch * max_epochs if max_epochs != -1 else -1
     total_steps = min(steps for steps in (by_epochs, trainer.max_steps) if steps != -1)
-    return {"train_batches": train_batches, "val_batches": limited_batches(val_length, trainer.limit_val_batches),
-            "val_every": val_every, "steps_per_epoch": steps_per_epoch, "max_epochs": max_epochs,
-            "total_steps": total_steps, "check_val_every_n_epoch": trainer.check_val_every_n_epoch}
+    val_batches = limited_batches(val_length, trainer.limit_val_batches)
+    return {"train_batches": train_batches, "val_batches": val_batches, "val_every": val_every,
+            "steps_per_epoch": steps_per_epoch, "max_epochs": max_epochs, "total_steps": total_steps,
+            "check_val_every_n_epoch": trainer.check_val_every_n_epoch}
 
 
 def next_version(accelerator: Accelerator, root: Path) -> Path:
-    """``root/version_N`` for the next free N (the highest there plus one, as Lightning numbers its runs), made by
-    the main process, never one that exists; every process gets its name."""
+    """``root/version_N`` for the next free N (the highest there plus one, as Lightning numbers its runs),
+    made by the main process, never one that exists; every process gets its name."""
     name = [None]
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
@@ -247,8 +258,8 @@ class History:
                 self.points.setdefault(key, []).append([step, value])
         self.accelerator.log({k: v for k, v in scalars.items() if math.isfinite(v)}, step=step)
 
-    def train_step(self, reading: measure.StepReading, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
-                   num_classes: int, every: int) -> None:
+    def train_step(self, reading: measure.StepReading, loss: torch.Tensor, logits: torch.Tensor,
+                   labels: torch.Tensor, num_classes: int, every: int) -> None:
         """A closed optimizer step: the last micro-batch's loss and accuracy, as Lightning logs them."""
         accuracy = multiclass_accuracy(logits.detach(), labels, num_classes=num_classes)
         self.last_train = {"train/loss": loss.item(), "train/acc": accuracy.item()}
@@ -272,7 +283,8 @@ def evaluate(run: Run, model: ModelArgs) -> dict[str, float]:
         if model.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         outputs.append(run.accelerator.gather_for_metrics((run.net(x).float(), y)))
-    run.val_loader.end()  # left early, Accelerate's loader stays the active one, whose end closes accumulation
+    # Left early, Accelerate's loader would stay the active one, and its end closes accumulation cycles.
+    run.val_loader.end()
     run.net.train()
     logits = torch.cat([output[0] for output in outputs])
     labels = torch.cat([output[1] for output in outputs])
@@ -302,10 +314,10 @@ def finish(run: Run, probe: measure.StepProbe, history: History, config: dict, s
         "num_nodes": world // int(os.environ.get("LOCAL_WORLD_SIZE", world)),
     }
     local_devices = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    hardware = measure.hardware_info(accelerator.device, num_devices=local_devices)
     record = build_record(loop="accelerate", status=status, error=error, config=config, techniques=techniques,
-                          hardware=measure.hardware_info(accelerator.device, num_devices=local_devices),
-                          versions=measure.versions(), metrics=history.final_metrics(), history=history.points,
-                          **sections)
+                          hardware=hardware, versions=measure.versions(), metrics=history.final_metrics(),
+                          history=history.points, **sections)
     if accelerator.is_main_process:
         path = write_record(run.run_dir / "record.json", record)
         (run.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
@@ -321,8 +333,8 @@ def finish(run: Run, probe: measure.StepProbe, history: History, config: dict, s
 
 
 def reset_accelerate_state() -> None:
-    """Forget Accelerate's process-wide state (its private ``_reset_state``), which would pin the next run in this
-    process to these settings; ``tests/test_accelerate_loop.py`` checks that it still does."""
+    """Forget Accelerate's process-wide state (its private ``_reset_state``), which would pin the next run in
+    this process to these settings; ``tests/test_accelerate_loop.py`` checks that it still does."""
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
 

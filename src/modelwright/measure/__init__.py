@@ -26,7 +26,7 @@ from modelwright.measure.timing import CudaEventTimer, StepCycle, StepTimer, Win
 __all__ = [
     "MIB", "AnatomyUnavailable", "CudaEventTimer", "LossWatch", "MemoryAnatomy", "NonFiniteLossError",
     "StepCycle", "StepProbe", "StepReading", "StepTimer", "Window", "channels_last_applied", "compute_dtype",
-    "device_sync", "error_status", "first_tensor", "hardware_info", "hardware_peak", "is_compiled", "meta_copy",
-    "mfu", "one_line_error", "optimizer_impl", "peak_memory_mib", "percentile", "process_rss_peak_mib",
-    "reset_peak_memory", "training_flops", "versions",
+    "device_sync", "error_status", "first_tensor", "hardware_info", "hardware_peak", "is_compiled",
+    "meta_copy", "mfu", "one_line_error", "optimizer_impl", "peak_memory_mib", "percentile",
+    "process_rss_peak_mib", "reset_peak_memory", "training_flops", "versions",
 ]

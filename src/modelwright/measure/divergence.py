@@ -33,15 +33,17 @@ class LossWatch:
     """Watches every micro-batch's loss for one policy.
 
     Args:
-        on_nonfinite: ``stop``: raise :class:`NonFiniteLossError` naming the step; ``skip``: drop the optimizer step
-            (gradients set to ``None``: parameters and optimizer state stay), put back the buffers its forwards
-            changed (BatchNorm's statistics), and count it.
+        on_nonfinite: ``stop``: raise :class:`NonFiniteLossError` naming the step; ``skip``: drop the
+            optimizer step (gradients set to ``None``: parameters and optimizer state stay), put back the
+            buffers its forwards changed (BatchNorm's statistics), and count it.
         max_skipped_steps: with ``skip``, stop once more than this many steps were skipped; ``None``: never.
 
-    One host read per check, and in a distributed run a one-element all-reduce, so that every rank decides alike.
+    One host read per check, and in a distributed run a one-element all-reduce, so that every rank decides
+    alike.
     """
 
-    def __init__(self, on_nonfinite: Literal["stop", "skip"] = "stop", max_skipped_steps: int | None = None) -> None:
+    def __init__(self, on_nonfinite: Literal["stop", "skip"] = "stop",
+                 max_skipped_steps: int | None = None) -> None:
         if on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"on_nonfinite: {on_nonfinite!r}; valid: stop, skip")
         if max_skipped_steps is not None and max_skipped_steps < 0:
@@ -54,7 +56,8 @@ class LossWatch:
         self._pending: list[MicroBatchLoss] = []
         self._buffers: list[torch.Tensor] = []  # skip: the module's buffers as the step found them
         self._scale_before: torch.Tensor | None = None
-        self._scaler_skipped: torch.Tensor | int = 0  # a device tensor once a GradScaler ran: no host read per step
+        # A device tensor once a GradScaler ran: no host read per step.
+        self._scaler_skipped: torch.Tensor | int = 0
 
     @property
     def diverged(self) -> bool:
@@ -72,8 +75,8 @@ class LossWatch:
 
     def before_update(self, optimizer: torch.optim.Optimizer, module: nn.Module, reduce: Reduce,
                       scale: torch.Tensor | None = None) -> None:
-        """Just before the optimizer's update (``scale``: the GradScaler's, if one runs). With ``skip``, a step
-        with a non-finite loss is dropped here."""
+        """Just before the optimizer's update (``scale``: the GradScaler's, if one runs). With ``skip``, a
+        step with a non-finite loss is dropped here."""
         if scale is not None:
             self._scale_before = scale.clone()
         if self.on_nonfinite != "skip":
@@ -90,7 +93,8 @@ class LossWatch:
             self.skipped_at.append(bad.step)
         too_many = self.max_skipped_steps is not None and self.skipped_steps > self.max_skipped_steps
         if too_many:
-            self._stop(bad, f"; {self.skipped_steps} steps skipped, max_skipped_steps={self.max_skipped_steps}")
+            limit = self.max_skipped_steps
+            self._stop(bad, f"; {self.skipped_steps} steps skipped, max_skipped_steps={limit}")
 
     def after_micro_batch(self, reduce: Reduce, scale: torch.Tensor | None = None) -> None:
         """After each micro-batch (its optimizer step, if it was the last). With ``stop``, raises here."""
@@ -104,7 +108,8 @@ class LossWatch:
                 self._stop(bad, "")
 
     def _first_nonfinite(self, reduce: Reduce) -> MicroBatchLoss | None:
-        """The first micro-batch since the last check whose loss was not finite, on any rank (one host read)."""
+        """The first micro-batch since the last check whose loss was not finite, on any rank (one host
+        read)."""
         pending = self._pending
         self._pending = []
         if not pending:
@@ -117,8 +122,9 @@ class LossWatch:
     def _stop(self, bad: MicroBatchLoss, why: str) -> None:
         what = f"{float(bad.loss.float().mean())}" if not bool(bad.finite) else "not finite on another rank"
         self.diverged_at_step = bad.step
-        raise NonFiniteLossError(f"train/loss is {what} at step {bad.step} (epoch {bad.epoch}, batch {bad.batch_idx})"
-                                 f"{why}; stopped by on_nonfinite={self.on_nonfinite}")
+        where = f"at step {bad.step} (epoch {bad.epoch}, batch {bad.batch_idx})"
+        policy = f"on_nonfinite={self.on_nonfinite}"
+        raise NonFiniteLossError(f"train/loss is {what} {where}{why}; stopped by {policy}")
 
     @property
     def scaler_skipped_steps(self) -> int | None:

@@ -25,7 +25,8 @@ def available_cpus() -> int | None:
 
 @functools.cache
 def cpuinfo() -> dict[str, str]:
-    """The first processor's ``/proc/cpuinfo`` entries (``model name``, ``flags``, ``cpu MHz``, ...); {} elsewhere."""
+    """The first processor's ``/proc/cpuinfo`` entries (``model name``, ``flags``, ``cpu MHz``, ...); {}
+    elsewhere."""
     try:
         with open("/proc/cpuinfo") as f:
             first = f.read().split("\n\n")[0]
@@ -44,9 +45,14 @@ def hardware_info(device: torch.device | str | None = None, num_devices: int | N
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MIB
     if cuda_device(device) is not None:
-        name, memory = torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).total_memory / MIB
+        name = torch.cuda.get_device_name(device)
+        memory = torch.cuda.get_device_properties(device).total_memory / MIB
+    elif device.type == "cpu":
+        name = cpu_model()
+        memory = host
     else:
-        name, memory = (cpu_model(), host) if device.type == "cpu" else (device.type, None)
+        name = device.type
+        memory = None
     return {
         "accelerator": device.type,
         "device_name": name,
@@ -75,7 +81,8 @@ def versions() -> dict[str, str | None]:
 
 
 def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
-    """The optimizer class that ran and its kernel: ``torch.optim.AdamW[foreach]`` / ``[for-loop]`` / ``[fused]``."""
+    """The optimizer class that ran and its kernel: ``torch.optim.AdamW[foreach]`` / ``[for-loop]`` /
+    ``[fused]``."""
     cls = type(optimizer)
     name = f"torch.optim.{cls.__name__}" if getattr(torch.optim, cls.__name__, None) is cls \
         else f"{cls.__module__}.{cls.__qualname__}"
@@ -89,21 +96,25 @@ def optimizer_impl(optimizer: torch.optim.Optimizer) -> str:
 
 
 def channels_last_applied(module: nn.Module) -> bool | None:
-    """Whether the first spatial conv weight is in channels_last format; None if none or unreadable (sharded)."""
-    p = next((p for p in module.parameters() if p.ndim == 4 and p.shape[2:] != (1, 1)), None)
+    """Whether the first spatial conv weight is in channels_last format; None without one, or if it cannot be
+    read (sharded)."""
+    weight = next((p for p in module.parameters() if p.ndim == 4 and p.shape[2:] != (1, 1)), None)
+    if weight is None:
+        return None
     try:
-        return None if p is None else p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+        return weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
     except Exception:
         return None
 
 
 def error_status(exception: BaseException) -> str:
     """The record status of a run that raised ``exception``: ``interrupted``, ``oom`` or ``failed``."""
-    if isinstance(exception, (KeyboardInterrupt, SystemExit)):  # Ctrl-C; SIGTERM (Lightning's SIGTERMException)
+    if isinstance(exception, (KeyboardInterrupt, SystemExit)):  # Ctrl-C; SIGTERM (a SIGTERMException)
         return "interrupted"
     text = str(exception).lower()
-    oom = isinstance(exception, (torch.OutOfMemoryError, MemoryError))
-    return "oom" if oom or "out of memory" in text or "can't allocate memory" in text else "failed"  # CUDA; CPU
+    # CUDA's and the CPU allocator's messages
+    oom = isinstance(exception, (torch.OutOfMemoryError, MemoryError)) or "out of memory" in text
+    return "oom" if oom or "can't allocate memory" in text else "failed"
 
 
 def one_line_error(exception: BaseException) -> str:

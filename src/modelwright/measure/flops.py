@@ -25,15 +25,17 @@ from modelwright.record import DEFINITIONS_VERSION, write_text_atomic
 
 
 def meta_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` on the meta device, without ``torch.compile`` and the forwards replaced on instances
-    (gradient checkpointing), so FLOPs counted on it are model FLOPs, without recomputation."""
+    """A copy of ``module`` on the meta device, without ``torch.compile`` and the forwards replaced on
+    instances (gradient checkpointing), so FLOPs counted on it are model FLOPs, without recomputation."""
     module = getattr(module, "_orig_mod", module)
     # nn.Module.compile() keeps its compiled call on the instance.
     memo: dict[int, Any] = {id(m.__dict__["_compiled_call_impl"]): None for m in module.modules()
                             if m.__dict__.get("_compiled_call_impl") is not None}
     for t in [*module.parameters(), *module.buffers()]:
         meta = torch.empty_like(t, device="meta")
-        memo[id(t)] = nn.Parameter(meta, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else meta
+        if isinstance(t, nn.Parameter):
+            meta = nn.Parameter(meta, requires_grad=t.requires_grad)
+        memo[id(t)] = meta
     copied = copy.deepcopy(module, memo)
     for sub in copied.modules():
         sub.__dict__.pop("forward", None)
@@ -43,8 +45,8 @@ def meta_copy(module: nn.Module) -> nn.Module:
 def training_flops(module: nn.Module, example_input: torch.Tensor,
                    loss_fn: Callable[[Any], torch.Tensor] | None = None) -> int:
     """FLOPs of one forward and backward of ``module`` on a batch shaped like ``example_input``, on a
-    :func:`meta_copy`, by PyTorch's ``FlopCounterMode`` (matmuls, convolutions, attention; the rest counts 0); the
-    loss (``loss_fn``, default a sum of the output) is negligible."""
+    :func:`meta_copy`, by PyTorch's ``FlopCounterMode`` (matmuls, convolutions, attention; the rest counts 0);
+    the loss (``loss_fn``, default a sum of the output) is negligible."""
     model = meta_copy(module).train()
     loss_fn = loss_fn or (lambda out: out.float().sum())
     with FlopCounterMode(display=False) as counter:
@@ -61,12 +63,16 @@ def compute_dtype(precision_name: str | int | None) -> torch.dtype:
         return torch.float32
 
 
-def mfu(flops_per_step: float | None, step_time_s: float | None, peak_flops_per_s: float | None) -> float | None:
+def mfu(flops_per_step: float | None, step_time_s: float | None,
+        peak_flops_per_s: float | None) -> float | None:
+    """Model FLOPs utilisation: FLOPs per step ÷ step time ÷ the hardware's peak FLOP/s (None if one is
+    missing)."""
     ok = flops_per_step and step_time_s and peak_flops_per_s
     return flops_per_step / step_time_s / peak_flops_per_s if ok else None
 
 
-#: A device's peak FLOP/s in one dtype, its source (None: unknown) and method: the arithmetic, or why there is none.
+#: A device's peak FLOP/s in one dtype, its source (None: unknown) and method: the arithmetic, or why there is
+#: none.
 class PeakFlops(NamedTuple):
     flops_per_s: float | None
     source: str | None
@@ -77,7 +83,8 @@ class PeakFlops(NamedTuple):
 # H200 has H100 SXM's compute. NVL and other variants are absent rather than guessed.
 _GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
     (r"nvl", {}),
-    (r"h100 pcie", {"float64": 25.6e12, "float32": 51.2e12, "tf32": 378e12, "bfloat16": 756e12, "float16": 756e12}),
+    (r"h100 pcie",
+     {"float64": 25.6e12, "float32": 51.2e12, "tf32": 378e12, "bfloat16": 756e12, "float16": 756e12}),
     (r"\bh[12]00\b|gh200",
      {"float64": 33.5e12, "float32": 66.9e12, "tf32": 494.7e12, "bfloat16": 989.4e12, "float16": 989.4e12}),
     (r"a100", {"float64": 9.7e12, "float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12, "float16": 312e12}),
@@ -97,7 +104,8 @@ def _gpu_peak(device: torch.device, dtype: torch.dtype) -> PeakFlops:
             matmul = torch.get_float32_matmul_precision() != "highest"
             conv = bool(torch.backends.cudnn.allow_tf32)
         key = "tf32" if matmul or conv else key
-        note = f"; TF32 allowed for matmul: {('no', 'yes')[matmul]}, for cuDNN convolutions: {('no', 'yes')[conv]}"
+        answers = {True: "yes", False: "no"}
+        note = f"; TF32 allowed for matmul: {answers[matmul]}, for cuDNN convolutions: {answers[conv]}"
     if key not in table:
         return PeakFlops(None, None, f"no datasheet peak for {name} in {key}{note}")
     return PeakFlops(table[key], "datasheet", f"{name}: dense {key} datasheet peak{note}")
@@ -117,7 +125,8 @@ def _cpu_flop_per_cycle(dtype: torch.dtype, info: dict[str, str]) -> tuple[int |
         return None, "no FLOP/cycle known for this instruction set"
     if dtype is torch.float64:
         return fp32 // 2, isa
-    for kind, amx, dot in ((torch.bfloat16, "amx_bf16", "avx512_bf16"), (torch.float16, "amx_fp16", "avx512_fp16")):
+    extensions = ((torch.bfloat16, "amx_bf16", "avx512_bf16"), (torch.float16, "amx_fp16", "avx512_fp16"))
+    for kind, amx, dot in extensions:
         if dtype is kind and amx in flags:
             return 1024, "AMX tiles"
         if dtype is kind and dot in flags:
@@ -133,7 +142,8 @@ CLOCK_METHOD = "timed dependent-add loop (one core, thread CPU time, best of 5)"
 
 
 def _timed_add_loop_hz(iterations: int = 2_000_000, repeats: int = 5) -> float | None:
-    """The core's clock from a chain of dependent integer adds, timed in thread CPU time (load-proof); x86-64 only."""
+    """The core's clock from a chain of dependent integer adds, timed in thread CPU time (load-proof); x86-64
+    only."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
         return None
     try:
@@ -154,10 +164,11 @@ def _timed_add_loop_hz(iterations: int = 2_000_000, repeats: int = 5) -> float |
 
 
 def cpu_clock_hz() -> tuple[float | None, str]:
-    """The CPU's clock and how it was found: measured once per machine (:data:`CLOCK_METHOD`), else cpuinfo MHz;
-    cached in ``$MODELWRIGHT_CACHE_DIR/cpu_clock.json`` (default ``~/.cache/modelwright``) per method and
+    """The CPU's clock and how it was found: measured once per machine (:data:`CLOCK_METHOD`), else cpuinfo
+    MHz; cached in ``$MODELWRIGHT_CACHE_DIR/cpu_clock.json`` (default ``~/.cache/modelwright``) per method and
     ``DEFINITIONS_VERSION``."""
-    path = Path(os.environ.get("MODELWRIGHT_CACHE_DIR") or Path.home() / ".cache" / "modelwright") / "cpu_clock.json"
+    folder = os.environ.get("MODELWRIGHT_CACHE_DIR") or Path.home() / ".cache" / "modelwright"
+    path = Path(folder) / "cpu_clock.json"
     try:
         cache = dict(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):  # none yet, or damaged
@@ -178,8 +189,8 @@ def cpu_clock_hz() -> tuple[float | None, str]:
 
 
 def hardware_peak(device: torch.device | str | None, dtype: torch.dtype = torch.float32) -> PeakFlops:
-    """The peak FLOP/s of one ``device`` in ``dtype`` (docs/measurement.md); ``flops_per_s=None`` if unknown. On a
-    CPU the cores are ``torch.get_num_threads()``, at most the physical cores this process may run on."""
+    """The peak FLOP/s of one ``device`` in ``dtype`` (docs/measurement.md); ``flops_per_s=None`` if unknown.
+    On a CPU the cores are ``torch.get_num_threads()``, at most the physical cores this process may run on."""
     device = torch.device(device or "cpu")
     if cuda_device(device) is not None:
         return _gpu_peak(device, dtype)
@@ -190,7 +201,8 @@ def hardware_peak(device: torch.device | str | None, dtype: torch.dtype = torch.
     hz, how = cpu_clock_hz() if per_cycle else (None, isa)
     if hz is None:
         return PeakFlops(None, None, how)
-    smt = max(1, int(info.get("siblings", 1)) // int(info.get("cpu cores", 1)))  # SMT siblings share FMA units
+    # SMT siblings share their core's FMA units.
+    smt = max(1, int(info.get("siblings", 1)) // int(info.get("cpu cores", 1)))
     cores = min(torch.get_num_threads(), max(1, (available_cpus() or os.cpu_count() or 1) // smt))
     name = str(dtype).removeprefix("torch.")
     return PeakFlops(cores * per_cycle * hz, "cpu-isa-clock",

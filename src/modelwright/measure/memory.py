@@ -27,7 +27,8 @@ def reset_peak_memory(device: torch.device | str | None) -> bool:
 
 
 def peak_memory_mib(device: torch.device | str | None) -> dict[str, float | None]:
-    """The CUDA allocator's ``max_memory_allocated`` / ``max_memory_reserved`` since the last reset; None on CPU."""
+    """The CUDA allocator's ``max_memory_allocated`` / ``max_memory_reserved`` since the last reset; None on
+    CPU."""
     device = cuda_device(device)
     if device is None:
         return {"peak_allocated_mib": None, "peak_reserved_mib": None}
@@ -42,8 +43,10 @@ def process_rss_peak_mib() -> float | None:
 
 
 def is_compiled(module: nn.Module) -> bool:
-    """Whether ``module`` or a submodule runs through ``torch.compile`` (a wrapper, or ``nn.Module.compile()``)."""
-    return hasattr(module, "_orig_mod") or any(m.__dict__.get("_compiled_call_impl") for m in module.modules())
+    """Whether ``module`` or a submodule runs through ``torch.compile`` (a wrapper, or
+    ``nn.Module.compile()``)."""
+    wrapped = hasattr(module, "_orig_mod")
+    return wrapped or any(sub.__dict__.get("_compiled_call_impl") for sub in module.modules())
 
 
 class AnatomyUnavailable(RuntimeError):
@@ -52,10 +55,10 @@ class AnatomyUnavailable(RuntimeError):
 
 class MemoryAnatomy:
     """Where the tensor memory of a captured region (``with anatomy.capture(model, [optimizer]):``) went, by
-    ``ANATOMY_CATEGORIES`` (docs/measurement.md): :attr:`peak_bytes` when ``total`` was highest, :attr:`end_bytes`
-    at :meth:`stop`. Accumulation needs :meth:`next_micro_batch` between forwards; where forward and backward run
-    inside ``optimizer.step(closure)``, ``explicit_optimizer_update`` counts optimizer state only after
-    :meth:`optimizer_update`."""
+    ``ANATOMY_CATEGORIES`` (docs/measurement.md): :attr:`peak_bytes` when ``total`` was highest,
+    :attr:`end_bytes` at :meth:`stop`. Accumulation needs :meth:`next_micro_batch` between forwards; where
+    forward and backward run inside ``optimizer.step(closure)``, ``explicit_optimizer_update`` counts
+    optimizer state only after :meth:`optimizer_update`."""
 
     def __init__(self, device: torch.device | str, explicit_optimizer_update: bool = False) -> None:
         self.device = torch.device(device)
@@ -88,12 +91,14 @@ class MemoryAnatomy:
                 tracker.register(t, reftype)
             tracker.__enter__()
         except Exception as err:
-            raise AnatomyUnavailable(f"PyTorch's MemTracker failed to start: {type(err).__name__}: {err}") from err
+            why = f"{type(err).__name__}: {err}"
+            raise AnatomyUnavailable(f"PyTorch's MemTracker failed to start: {why}") from err
         self._tracker, self._pending = tracker, []
 
     def register(self, tensors: Any, category: str = "inputs") -> None:
         """File the storages of ``tensors`` (any nesting) under ``category``, before or during a capture (a
-        storage alive at the peak moves there too); parameters, buffers, gradients, optimizer state keep theirs."""
+        storage alive at the peak moves there too); parameters, buffers, gradients, optimizer state keep
+        theirs."""
         if category not in CATEGORY_TO_TRACKER:
             raise ValueError(f"unknown anatomy category {category!r}; one of {list(CATEGORY_TO_TRACKER)}")
         for t in tensors_in(tensors):
@@ -144,7 +149,8 @@ class MemoryAnatomy:
                            "tensors that outlive the step were counted as activations")
 
     @contextlib.contextmanager
-    def capture(self, modules: nn.Module | Iterable[nn.Module], optimizers: Iterable[Any] = ()) -> Iterator[Any]:
+    def capture(self, modules: nn.Module | Iterable[nn.Module],
+                optimizers: Iterable[Any] = ()) -> Iterator[Any]:
         self.start(modules, optimizers)
         try:
             yield self

@@ -1,11 +1,11 @@
 """The step probe: the one object that watches a training loop's optimizer steps, for both loops.
 
-It owns the step cycle (the micro-batches of one optimizer step), the warm-up window, the step timer, the memory
-anatomy of one step (paused while an evaluation runs inside it), the allocator's peaks, FLOPs and MFU, the time of
-whole epochs and the divergence check; :meth:`StepProbe.sections` gives the record's ``timing``, ``flops``,
-``memory``, ``techniques`` and ``faults``. A loop calls it around each micro-batch::
+It owns the step cycle (the micro-batches of one optimizer step), the warm-up window, the step timer, the
+memory anatomy of one step (paused while an evaluation runs inside it), the allocator's peaks, FLOPs and MFU,
+the time of whole epochs and the divergence check; :meth:`StepProbe.sections` gives the record's ``timing``,
+``flops``, ``memory``, ``techniques`` and ``faults``. A loop calls it around each micro-batch::
 
-    probe.prepare(network)                      # before a strategy shards it: FLOPs are counted on a meta copy
+    probe.prepare(network)                      # before a strategy shards it: FLOPs count on a meta copy
     probe.start(device=..., precision=..., modules=[...], optimizers=[...], ...)
     for each micro-batch:
         probe.before_micro_batch(step, batch)   # step: the optimizer steps taken so far
@@ -16,8 +16,8 @@ whole epochs and the divergence check; :meth:`StepProbe.sections` gives the reco
         with probe.evaluating(): ...            # an evaluation, inside a step or between steps
     probe.stop()
 
-The Lightning callback ``callbacks.run_monitor.RunMonitor`` forwards its hooks to it; the Accelerate loop calls it
-in its body. Nothing here imports Lightning.
+The Lightning callback ``callbacks.run_monitor.RunMonitor`` forwards its hooks to it; the Accelerate loop
+calls it in its body. Nothing here imports Lightning.
 """
 
 import contextlib
@@ -46,11 +46,20 @@ from modelwright.measure.timing import CudaEventTimer, StepCycle, StepTimer, Win
 
 
 class StepReading(NamedTuple):
-    """What one closed optimizer step gives the loggers: ``step`` is its 0-based index (Lightning's logging step
-    for it), ``scalars`` the ``perf/*`` and ``mem/*`` values known now (a step not measured has none of perf/)."""
+    """What one closed optimizer step gives the loggers: ``step`` is its 0-based index (the step Lightning
+    logs it at), ``scalars`` the ``perf/*`` and ``mem/*`` values known now (an unmeasured step has no
+    ``perf/*``)."""
 
     step: int
     scalars: dict[str, float]
+
+
+@dataclass
+class _RunningEpoch:
+    start: float
+    steps: int = 0
+    evaluation_s: float = 0.0
+    evaluations: int = 0
 
 
 @dataclass
@@ -65,7 +74,8 @@ class EpochTime:
 
 def first_tensor(batch: Any) -> torch.Tensor | None:
     """``batch`` itself, or the first tensor of more than zero dimensions in its tuples, lists and dicts."""
-    return next((leaf for leaf in tree_leaves(batch) if isinstance(leaf, torch.Tensor) and leaf.ndim > 0), None)
+    tensors = (leaf for leaf in tree_leaves(batch) if isinstance(leaf, torch.Tensor) and leaf.ndim > 0)
+    return next(tensors, None)
 
 
 def _identity(value: torch.Tensor) -> torch.Tensor:
@@ -79,8 +89,10 @@ class StepProbe:
         warmup_steps: first optimizer steps not measured (allocator, cuDNN and compile warm-up).
         measure_steps: steps measured after the warm-up; ``None``: until the end.
         anatomy: capture where the memory of one step goes (PyTorch's MemTracker); that step is not timed.
-        anatomy_step: the optimizer step (0-based, as the loop counts) to capture; default the first after warm-up.
-        cuda_timing: on CUDA, ``events`` (no host stall per step) or ``synchronize`` (before each clock reading).
+        anatomy_step: the optimizer step (0-based, as the loop counts) to capture; default: the first after
+            the warm-up.
+        cuda_timing: on CUDA, ``events`` (no host stall per step) or ``synchronize`` (before each clock
+            reading).
         peak_flops_per_s: peak FLOP/s of one device in the run's compute dtype; ``None``: the hardware's.
         on_nonfinite: ``stop`` or ``skip`` a step whose loss is not finite (:class:`~.divergence.LossWatch`).
         max_skipped_steps: with ``skip``, stop once more than this many steps were skipped; ``None``: never.
@@ -131,29 +143,32 @@ class StepProbe:
         self.last_epoch: EpochTime | None = None
         self._capture: MemoryAnatomy | None = None
         self._evaluated_in_step = False
-        self._epoch: dict[str, float] | None = None  # the running epoch's start, steps and evaluations so far
+        self._epoch: _RunningEpoch | None = None
         self._cpu_start = time.process_time()
         self._wall_start = time.perf_counter()
 
-    # --- set-up -------------------------------------------------------------------------------------------------
+    # --- set-up ---------------------------------------------------------------------------------------------
 
     def prepare(self, network: nn.Module) -> None:
-        """Copy ``network`` to the meta device for counting FLOPs, before a strategy shards it (FSDP2's sharded
-        modules cannot be copied). Checkpointing, compile and memory format applied later change no model FLOP."""
+        """Copy ``network`` to the meta device for counting FLOPs, before a strategy shards it (FSDP2's
+        sharded modules cannot be copied). Checkpointing, compile and memory format applied later change no
+        model FLOP."""
         try:
             self._meta_network = meta_copy(network)
         except Exception:  # counted on the modules given to start() instead
             self._meta_network = None
 
     def start(self, *, device: torch.device | str, precision: str | int | None, modules: Sequence[nn.Module],
-              optimizers: Sequence[torch.optim.Optimizer], micro_batches_per_step: int = 1, world_size: int = 1,
+              optimizers: Sequence[torch.optim.Optimizer], micro_batches_per_step: int = 1,
+              world_size: int = 1,
               first_step: int = 0, main_process: bool = True, reduce: Reduce | None = None,
               grad_scale: Callable[[], torch.Tensor | None] | None = None, data: Any = (),
               fallback_peak: Callable[[torch.device, torch.dtype], float | None] | None = None) -> None:
-        """Before the first step. ``modules`` and ``optimizers`` are what the anatomy tracks (the first module is
-        the network, or holds it); ``first_step`` is the step counter now (not 0 when resuming); only the
-        ``main_process`` looks up the peak FLOP/s; ``reduce`` sums a tensor over the ranks; ``grad_scale`` reads a
-        GradScaler's scale; ``data``: tensors that are the data wherever the capture meets them (a dataset's)."""
+        """Before the first step. ``modules`` and ``optimizers`` are what the anatomy tracks (the first module
+        is the network, or holds it); ``first_step`` is the step counter now (not 0 when resuming); only the
+        ``main_process`` looks up the peak FLOP/s; ``reduce`` sums a tensor over the ranks; ``grad_scale``
+        reads a GradScaler's scale; ``data``: tensors that are the data wherever the capture meets them (a
+        dataset's)."""
         meta_network = self._meta_network
         self._reset()
         self._meta_network = meta_network
@@ -194,7 +209,7 @@ class StepProbe:
             warnings.warn(f"StepProbe: no peak FLOP/s ({type(err).__name__}: {err})", stacklevel=2)
             return PeakFlops(None, None, None)
 
-    # --- the step cycle -----------------------------------------------------------------------------------------
+    # --- the step cycle -------------------------------------------------------------------------------------
 
     def before_micro_batch(self, step: int, batch: Any) -> None:
         """Before each training micro-batch; ``step``: the optimizer steps taken so far."""
@@ -225,8 +240,8 @@ class StepProbe:
         self.watch.before_update(optimizer, self.modules[0], self.reduce, self.grad_scale())
 
     def after_micro_batch(self, step: int) -> StepReading | None:
-        """After each training micro-batch; ``step``: the optimizer steps taken now. A :class:`StepReading` when
-        this micro-batch closed an optimizer step; raises :class:`~.divergence.NonFiniteLossError` under
+        """After each training micro-batch; ``step``: the optimizer steps taken now. A :class:`StepReading`
+        when this micro-batch closed an optimizer step; raises :class:`~.divergence.NonFiniteLossError` under
         ``on_nonfinite: stop``."""
         closed = self.cycle.end(step)
         self.watch.after_micro_batch(self.reduce, self.grad_scale())
@@ -240,7 +255,7 @@ class StepProbe:
             self._end_capture()
         scalars.update(self._memory_scalars())
         if self._epoch is not None:
-            self._epoch["steps"] += 1
+            self._epoch.steps += 1
         return StepReading(self.cycle.step, scalars)
 
     def _step_scalars(self, seconds: float | None) -> dict[str, float]:
@@ -267,7 +282,7 @@ class StepProbe:
             scalars["mem/peak_reserved_mib"] = self.peak_reserved_mib
         return scalars
 
-    # --- FLOPs --------------------------------------------------------------------------------------------------
+    # --- FLOPs ----------------------------------------------------------------------------------------------
 
     @property
     def samples_per_step(self) -> int | None:
@@ -294,7 +309,7 @@ class StepProbe:
         except Exception as err:
             warnings.warn(f"StepProbe: FLOPs not counted ({type(err).__name__}: {err})", stacklevel=2)
 
-    # --- the memory anatomy -------------------------------------------------------------------------------------
+    # --- the memory anatomy ---------------------------------------------------------------------------------
 
     def _begin_capture(self, batch: Any) -> None:
         capture = MemoryAnatomy(self.device, explicit_optimizer_update=True)
@@ -324,7 +339,7 @@ class StepProbe:
         if self.anatomy_mib is not None and self.device.type != "cuda":
             self.peak_allocated_mib = self.anatomy_mib["total"]  # no allocator peak on a CPU: the tracker's
 
-    # --- evaluations and epochs ---------------------------------------------------------------------------------
+    # --- evaluations and epochs -----------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def evaluating(self) -> Iterator[None]:
@@ -339,34 +354,36 @@ class StepProbe:
                 yield
         finally:
             if self._epoch is not None:
-                self._epoch["evaluation_s"] += time.perf_counter() - started
-                self._epoch["evaluations"] += 1
+                self._epoch.evaluation_s += time.perf_counter() - started
+                self._epoch.evaluations += 1
 
     def epoch_begins(self) -> None:
-        self._epoch = {"start": time.perf_counter(), "steps": 0, "evaluation_s": 0.0, "evaluations": 0}
+        self._epoch = _RunningEpoch(time.perf_counter())
 
     def epoch_ends(self, expected_steps: int | None) -> None:
         """At the end of a training epoch, its evaluations included; it counts as whole when this process ran
-        ``expected_steps`` optimizer steps in it (not when a resume began it midway, nor max_steps ended it)."""
+        ``expected_steps`` optimizer steps in it (not when a resume began it midway, nor when max_steps ended
+        it)."""
         epoch = self._epoch
         self._epoch = None
-        if epoch is not None and expected_steps is not None and epoch["steps"] == expected_steps:
-            self.last_epoch = EpochTime(time.perf_counter() - epoch["start"], int(epoch["steps"]),
-                                        epoch["evaluation_s"], int(epoch["evaluations"]))
+        if epoch is not None and expected_steps is not None and epoch.steps == expected_steps:
+            seconds = time.perf_counter() - epoch.start
+            self.last_epoch = EpochTime(seconds, epoch.steps, epoch.evaluation_s, epoch.evaluations)
 
     def stop(self) -> None:
-        """At the end of the run, also one that failed mid-step: no capture (dispatch mode, hooks) stays active."""
+        """At the end of the run, also of one that failed mid-step: no capture (a dispatch mode, hooks) stays
+        active."""
         self.timer.cancel()
         capture = self._capture
         self._capture = None
         if capture is not None:
             capture.stop()
 
-    # --- the record ---------------------------------------------------------------------------------------------
+    # --- the record -----------------------------------------------------------------------------------------
 
     def sections(self, steps_per_epoch: int | None = None) -> dict[str, dict]:
-        """The record's ``timing``, ``flops``, ``memory``, ``techniques`` (what the run showed; a loop adds what
-        its config says) and ``faults`` sections."""
+        """The record's ``timing``, ``flops``, ``memory``, ``techniques`` (what the run showed; a loop adds
+        what its config says) and ``faults`` sections."""
         return {"timing": self._timing(steps_per_epoch), "flops": self._flops(), "memory": self._memory(),
                 "techniques": self._techniques(), "faults": self.watch.section()}
 

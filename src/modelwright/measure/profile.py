@@ -1,7 +1,8 @@
 """The saved-for-backward profile of one plain fp32 step, which ``modelwright.planner.memory`` predicts every
-technique's peak from: per module in forward order, the storages autograd saved (each charged to the first module
-that saved it) by dtype and kind (``batch``, ``fixed``: per-channel, ``param``, ``cast``: a weight autocast copies
-to 16 bits, ``input``: the batch), MemTracker's figures at its backward peak, and its checkpoint segments.
+technique's peak from: per module in forward order, the storages autograd saved (each charged to the first
+module that saved it) by dtype and kind (``batch``, ``fixed``: per-channel, ``param``, ``cast``: a weight
+autocast copies to 16 bits, ``input``: the batch), MemTracker's figures at its backward peak, and its
+checkpoint segments.
 """
 
 import warnings
@@ -24,8 +25,9 @@ def _kind(t: torch.Tensor, batch: int) -> str:
 def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
                  optimizers: Sequence[torch.optim.Optimizer] = (), inputs: Sequence[torch.Tensor] = (),
                  segments: Mapping[str, Sequence[nn.Module]] | None = None) -> dict[str, Any]:
-    """Run ``step`` (forward, backward and update of ``batch_size`` samples on ``inputs``) once, after a warm-up
-    step, and return its JSON-ready profile in bytes; ``segments``: checkpoint segments by granularity."""
+    """Run ``step`` (forward, backward and update of ``batch_size`` samples on ``inputs``) once, after a
+    warm-up step, and return its JSON-ready profile in bytes; ``segments``: checkpoint segments by
+    granularity."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     names = {m: n for n, m in model.named_modules()}

@@ -5,7 +5,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -46,10 +46,19 @@ class Window:
         return 0 <= step - self.warmup_steps < (self.measure_steps or math.inf)
 
 
+class _Start(NamedTuple):
+    """A step's start: the step clock (a CUDA event on CUDA), the process's CPU time, the host clock."""
+
+    clock: Any
+    cpu_s: float
+    host_s: float
+
+
 class StepTimer:
-    """Durations of the optimizer steps inside a :class:`Window`; ``sync`` runs before each reading of ``clock``, so
-    that queued kernels fall inside their step. Beside each measured step's duration it keeps the process's CPU time
-    over it (all threads), which tells a step that had its cores from one that waited for them."""
+    """Durations of the optimizer steps inside a :class:`Window`; ``sync`` runs before each reading of
+    ``clock``, so that queued kernels fall inside their step. Beside each measured step's duration it keeps
+    the process's CPU time over it (all threads), which tells a step that had its cores from one that waited
+    for them."""
 
     def __init__(self, warmup_steps: int = 2, measure_steps: int | None = None,
                  clock: Callable[[], float] = time.perf_counter, sync: Callable[[], None] | None = None,
@@ -62,7 +71,7 @@ class StepTimer:
         self.cpu_s = 0.0  # process CPU time over the measured steps
         self.host_s = 0.0  # host wall time over the measured steps
         self._durations_s: list[float] = []
-        self._started: tuple[Any, float, float] | None = None  # the running step's clock, CPU and host readings
+        self._started: _Start | None = None  # the running step's
 
     def in_window(self, step_index: int | None = None) -> bool:
         """Whether step ``step_index`` (0-based; default: the next one) is in the measured window."""
@@ -77,22 +86,22 @@ class StepTimer:
         return self._durations_s[-1]
 
     def start(self) -> None:
-        self._started = (self._now(), self.cpu_clock(), time.perf_counter())
+        self._started = _Start(self._now(), self.cpu_clock(), time.perf_counter())
 
     def stop(self, exclude: bool = False) -> float | None:
         """End the current step; its duration in seconds if it was measured and is known now, else ``None``.
         ``exclude``: a step that other work disturbed (an anatomy capture, an evaluation) is not measured."""
         if self._started is None:
             raise RuntimeError("StepTimer.stop() without start()")
-        t0, cpu0, host0 = self._started
+        started = self._started
         self._started = None
         measured = self.in_window() and not exclude
         self.steps_seen += 1
         if not measured:
             return None
-        duration = self._add(t0, self._now())
-        self.cpu_s += self.cpu_clock() - cpu0
-        self.host_s += time.perf_counter() - host0
+        duration = self._add(started.clock, self._now())
+        self.cpu_s += self.cpu_clock() - started.cpu_s
+        self.host_s += time.perf_counter() - started.host_s
         return duration
 
     def cancel(self) -> None:

@@ -15,8 +15,8 @@ TENSORBOARD_URL = "http://localhost:6006/?smoothing=0#timeseries"
 
 
 def anatomy_rows(record: Mapping) -> list[tuple[str, float]]:
-    """The categories of the captured step's peak, largest first, without the data (``inputs``: not in the peak)
-    and without empty ones."""
+    """The categories of the captured step's peak, largest first, without the data (``inputs``: not in the
+    peak) and without empty ones."""
     anatomy = (record.get("memory") or {}).get("anatomy_mib") or {}
     rows = [(name, value) for name, value in anatomy.items()
             if name in ANATOMY_CATEGORIES and name != "inputs" and value]
@@ -28,11 +28,13 @@ def summary_lines(record: Mapping, record_path: str | None, log_dir: str | None)
     techniques = record.get("techniques") or {}
     timing = record.get("timing") or {}
     lines = [
-        f"technique   {techniques.get('precision')}, micro-batch {techniques.get('micro_batch_size')} x accumulate "
-        f"{techniques.get('accumulate_grad_batches')}, checkpointing {techniques.get('gradient_checkpointing')}, "
+        f"technique   {techniques.get('precision')}, micro-batch {techniques.get('micro_batch_size')} "
+        f"x accumulate {techniques.get('accumulate_grad_batches')}, "
+        f"checkpointing {techniques.get('gradient_checkpointing')}, "
         f"{techniques.get('strategy')} x {techniques.get('world_size')}",
-        f"step time   median {sig(timing.get('step_time_median_ms'))} ms, p90 {sig(timing.get('step_time_p90_ms'))}, "
-        f"min {sig(timing.get('step_time_min_ms'))}, max {sig(timing.get('step_time_max_ms'))} "
+        f"step time   median {sig(timing.get('step_time_median_ms'))} ms, "
+        f"p90 {sig(timing.get('step_time_p90_ms'))}, min {sig(timing.get('step_time_min_ms'))}, "
+        f"max {sig(timing.get('step_time_max_ms'))} "
         f"({timing.get('measured_steps')} steps after {timing.get('warmup_steps')} warm-up)",
     ]
     if timing.get("epoch_time_s") is not None:
@@ -52,7 +54,7 @@ def summary_lines(record: Mapping, record_path: str | None, log_dir: str | None)
 
 def _epoch_line(timing: Mapping) -> str:
     validations = timing.get("epoch_validations") or 0
-    share = pct((timing.get("epoch_validation_s") or 0) / timing["epoch_time_s"]) if timing["epoch_time_s"] else "–"
+    share = pct((timing.get("epoch_validation_s") or 0) / timing["epoch_time_s"])
     return (f"epoch       {duration(timing['epoch_time_s'])} ({timing.get('epoch_steps')} steps and "
             f"{validations} validation{'s' if validations != 1 else ''}, {share} of it validating)")
 
@@ -85,8 +87,8 @@ def contention(record: Mapping) -> str | None:
     on_cpu = (record.get("hardware") or {}).get("accelerator") == "cpu"
     if not on_cpu or utilization is None or utilization >= CONTENDED_BELOW:
         return None
-    return (f"the measured steps got {pct(utilization)} of their threads' CPU time: the cores were shared, so "
-            "the step times are slower than this machine gives when free")
+    return (f"the measured steps got {pct(utilization)} of their threads' CPU time: the cores were shared, "
+            "so the step times are slower than this machine gives when free")
 
 
 def write_tensorboard(writer: Any, record: Mapping, lines: list[str], step: int) -> None:
@@ -97,7 +99,8 @@ def write_tensorboard(writer: Any, record: Mapping, lines: list[str], step: int)
     rows = anatomy_rows(record)
     if rows:
         inputs = ((record.get("memory") or {}).get("anatomy_mib") or {}).get("inputs")
-        table = "| category | MiB |\n|:--|--:|\n" + "".join(f"| {name} | {value:.1f} |\n" for name, value in rows)
+        body = "".join(f"| {name} | {value:.1f} |\n" for name, value in rows)
+        table = "| category | MiB |\n|:--|--:|\n" + body
         if inputs:
             table += f"| (the data: inputs, not in the peak) | {inputs:.1f} |\n"
         writer.add_text("mem/anatomy", table, step)
@@ -136,7 +139,8 @@ def anatomy_figure(record: Mapping) -> Any:
     starts = accumulate((value for _, value in rows), initial=0.0)
     for (name, value), left in zip(rows, starts, strict=False):
         axes.barh(0, value, left=left, label=f"{name.replace('_', ' ')} {value:.1f}")
-    axes.set(yticks=[], xlabel="MiB", title=f"tensor memory at the peak of step {memory.get('anatomy_step')}: "
+    title = (f"tensor memory at the peak of step {memory.get('anatomy_step')}: "
              f"{sig(memory.get('peak_allocated_mib'))} MiB")
+    axes.set(yticks=[], xlabel="MiB", title=title)
     figure.legend(loc="outside lower center", ncols=4, fontsize="small", frameon=False)
     return figure
