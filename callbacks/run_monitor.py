@@ -103,6 +103,7 @@ class RunMonitor(Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         self._done = False
         self._history = {}
+        self.written_to = None
         self._every = log_every(trainer, self.log_every_n_steps)
         self.run_id = self.run_id or os.environ.get("MODELWRIGHT_RUN_ID") or None
 
@@ -119,13 +120,14 @@ class RunMonitor(Callback):
         if trainer.is_global_zero and not trainer.fast_dev_run:
             for writer in _tensorboards(trainer) if self.summary else ():
                 writer.add_custom_scalars(_LAYOUT)
-            self._write(trainer, self.build(trainer, pl_module, "running"), final=False)
+            self._write_running(trainer, pl_module)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.probe.epoch_begins()
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         self.probe.epoch_ends(expected_steps=_steps_per_epoch(trainer))
+        self._write_running(trainer, pl_module)
 
     # --- the step cycle -------------------------------------------------------------------------------------
 
@@ -156,8 +158,10 @@ class RunMonitor(Callback):
         if self._evaluation is not None:
             self._evaluation.close()
             self._evaluation = None
-        if self.history and not trainer.sanity_checking:
-            self._remember(trainer, "val/", self.probe.cycle.step or 0)
+        if not trainer.sanity_checking:
+            if self.history:
+                self._remember(trainer, "val/", self.probe.cycle.step or 0)
+            self._write_running(trainer, pl_module)
 
     def _remember(self, trainer: pl.Trainer, prefix: str, step: int) -> None:
         metrics = trainer.callback_metrics
@@ -233,13 +237,21 @@ class RunMonitor(Callback):
         self.run_id = record["run_id"]  # the same id for the record rewritten at the end
         return record
 
+    def _write_running(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """The record so far, status ``running``: when training starts, after each validation and epoch. A run
+        killed, even during its last write, leaves what it had measured."""
+        if trainer.is_global_zero and not trainer.fast_dev_run and not self._done:
+            self._write(trainer, self.build(trainer, pl_module, "running"), final=False)
+
     def _write(self, trainer: pl.Trainer, record: dict[str, Any], final: bool) -> None:
         log_dir = _log_dir(trainer)
         if not trainer.fast_dev_run:
             fill = {"log_dir": log_dir, "run_id": record["run_id"]}
             path = Path((self.record_path or "{log_dir}/record.json").format(**fill))
-            if not final:
-                remove_stale_temp_files(path)  # a kill during an earlier run's last write left one
+            if not final and self.written_to is None:  # the first write of this run
+                remove_stale_temp_files(path)
+                if trainer.ckpt_path:  # a kill during the resumed run's last write left one beside its record
+                    remove_stale_temp_files(Path(trainer.ckpt_path).parent.parent / path.name)
             self.written_to = write_record(path, record)
             if final and self.records_jsonl:
                 append_record(self.records_jsonl.format(**fill), record)

@@ -111,6 +111,55 @@ class SignalAt(Callback):
             os.kill(os.getpid(), self.signum)
 
 
+class SignalAtExit(Callback):
+    """Send ``signum`` (default SIGTERM) to this process once more as it exits (atexit), then wait a second there:
+    a second SIGTERM that arrives after Lightning's teardown, as a scheduler's reminder does."""
+
+    def __init__(self, signum: int = int(signal.SIGTERM)) -> None:
+        super().__init__()
+        self.signum = signum
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        import atexit
+
+        def again() -> None:
+            os.kill(os.getpid(), self.signum)
+            time.sleep(1.0)
+
+        atexit.register(again)
+
+
+class KillInFinalRecordWrite(Callback):
+    """SIGKILL this process in the fsync of the run record's last write (its temp file is then on disk), once
+    training has ended: a kill at the worst moment for the record."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        original = os.fsync
+
+        def fsync(fd: int) -> None:
+            if ".record.json." in os.readlink(f"/proc/self/fd/{fd}"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            original(fd)
+
+        os.fsync = fsync
+
+
+class RecordAt(Callback):
+    """Copy the run record as it is on disk when step ``step`` ends to ``copy``."""
+
+    def __init__(self, step: int, copy: str) -> None:
+        super().__init__()
+        self.step = step
+        self.copy = copy
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if trainer.global_step == self.step:
+            record = Path(trainer.logger.log_dir) / "record.json"
+            Path(self.copy).write_bytes(record.read_bytes())
+
+
 class KillAt(Callback):
     """SIGKILL this process in ``hook`` (a Callback hook name) when ``trainer.global_step == step`` (and, for a
     batch hook, ``batch_idx == batch``), outside the sanity check. Lightning runs checkpoint callbacks last, so a

@@ -124,6 +124,26 @@ def test_a_validation_inside_the_captured_step_stays_out_of_the_capture(tmp_path
     assert torch._C._len_torch_dispatch_stack() == 0
 
 
+def test_a_run_takes_the_next_free_version_and_never_writes_into_one(tmp_path):
+    """Before, the loop named its run version_<number of existing folders>: beside a lone version_1 it wrote
+    into version_1."""
+    earlier = tmp_path / "base" / "accelerate" / "version_1"
+    earlier.mkdir(parents=True)
+    (earlier / "record.json").write_text("an earlier run's record\n")
+    _, record = run([*SMALL, "--data.train_size", "8", "--trainer.max_steps", "1", "--out", str(tmp_path)])
+    assert (earlier / "record.json").read_text() == "an earlier run's record\n"
+    assert (tmp_path / "base" / "accelerate" / "version_2" / "record.json").is_file()
+    assert record["status"] == "ok"
+
+
+def test_the_loop_prints_progress_and_the_summary(tmp_path, capsys):
+    run([*SMALL, "--data.train_size", "16", "--trainer.max_steps", "4", "--out", str(tmp_path),
+         "--trainer.enable_progress_bar", "true"])
+    captured = capsys.readouterr()
+    assert "train:" in captured.err and "/4 [" in captured.err, "tqdm's bar over the 4 optimizer steps"
+    assert "step time   median " in captured.out and "record      " in captured.out
+
+
 def test_accumulated_steps_equal_one_large_batch_with_plain_sgd(tmp_path):
     # Plain SGD moves the weights by lr × gradient: a loss scaled by k (or 1/k) too many moves them k times as far.
     common = [*JOB, "--out", str(tmp_path), "--data.train_size", "8", "--trainer.max_steps", "2"]

@@ -227,6 +227,72 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_is_recorded_interrupted(tmp_pa
     assert record["status"] == "interrupted" and record["status"] not in DONE_STATUSES
 
 
+@pytest.fixture
+def signal_handlers():
+    """The process's SIGTERM and SIGINT handlers as they were, put back after the test."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_command_that_resumes_exactly(
+        tmp_path, capsys, signal_handlers):
+    """Before, Ctrl-C ended the run at once with exit 1 and no checkpoint: `--ckpt_path last` then pointed at an
+    older run or started afresh."""
+    ctrl_c = {"class_path": "faults.SignalAt", "init_args": {"step": 3, "signum": int(signal.SIGINT)}}
+    config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=500, extra=(ctrl_c,))
+    args = _args(tmp_path / "stopped", "--config", str(config))
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(args)
+    assert stopped.value.code == 130, "128 + SIGINT"
+    err = capsys.readouterr().err
+    assert "Ctrl-C: stopping after the optimizer step in flight" in err
+    assert "to resume: " in err and err.rstrip().endswith("--ckpt_path last")
+    ckpt = _ckpt(_last(tmp_path / "stopped", 0))
+    assert ckpt["global_step"] == 4, "the signal came at the end of step 3: the run stopped after the next"
+    record = json.loads(next((tmp_path / "stopped").glob("*/version_0/record.json")).read_text())
+    assert record["status"] == "interrupted" and "Ctrl-C" in record["error"]
+    assert cli_main([*args, "--ckpt_path", "last"]) == 0
+    assert cli_main(_args(tmp_path / "whole", "--config", str(_callbacks_config(tmp_path / "plain.yaml",
+                                                                                  every_n_train_steps=500)))) == 0
+    assert _differences(_ckpt(_last(tmp_path / "whole", 0)), _ckpt(_last(tmp_path / "stopped", 1))) == []
+
+
+def test_a_second_sigterm_as_the_process_exits_keeps_the_exit_status_143(tmp_path, subprocess_env):
+    """Before, Lightning's teardown put the default handler back and the second SIGTERM killed the process
+    (status -15) before it could exit with 143."""
+    signals = ({"class_path": "faults.SignalAt", "init_args": {"step": 2}},
+               {"class_path": "faults.SignalAtExit"})
+    config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=500, extra=signals)
+    proc = subprocess.run([sys.executable, "main.py", *_args(tmp_path, "--config", str(config))], cwd=REPO_ROOT,
+                          env=subprocess_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 143, proc.stderr[-2000:]
+    assert _ckpt(_last(tmp_path, 0))["global_step"] == 3
+
+
+def test_the_record_exists_while_the_run_runs_and_survives_a_kill_in_its_last_write(tmp_path, subprocess_env):
+    """Before, the record was written once, at the end: a kill during that write left a temp file and no
+    record, and the run's measurements were lost."""
+    spy = {"class_path": "faults.RecordAt", "init_args": {"step": 4, "copy": str(tmp_path / "at-step-4.json")}}
+    kill = {"class_path": "faults.KillInFinalRecordWrite"}
+    config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=4, extra=(spy, kill))
+    args = _args(tmp_path, "--config", str(config))
+    proc = subprocess.run([sys.executable, "main.py", *args], cwd=REPO_ROOT, env=subprocess_env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "at-step-4.json").read_text())["status"] == "running"
+    (folder,) = tmp_path.glob("*/version_0")
+    record = json.loads((folder / "record.json").read_text())  # whole: the last running record
+    assert record["status"] == "running" and record["timing"]["measured_steps"] >= 10
+    assert record["timing"]["epoch_steps"] == 8, "an epoch ended before the kill: its time is kept"
+    assert list(folder.glob(".record.json.*.tmp")), "the kill left the last write's temp file"
+    plain = _callbacks_config(tmp_path / "plain.yaml", every_n_train_steps=4)
+    resume = _args(tmp_path, "--config", str(plain), "--ckpt_path", str(folder / "checkpoints" / "last-step.ckpt"))
+    assert cli_main(resume) == 0
+    assert not list(folder.glob(".record.json.*.tmp")), "the next run of it removed the stale temp file"
+
+
 # -- non-finite loss -----------------------------------------------------------------------------
 
 
