@@ -6,11 +6,11 @@ import re
 import shutil
 
 import pytest
-from test_report import rec, write
 
 from modelwright import REPO_ROOT
 from modelwright.errors import ConfigError
 from modelwright.report import readme, tables
+from test_report import rec, write
 
 DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 

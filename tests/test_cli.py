@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, fit_args
 
+from conftest import REPO_ROOT, fit_args
 from modelwright.train.cli import cli_main
 
 CONFIGS = sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from cifar_fixture import trust_fixture, write_tiny_cifar10
 from conftest import fit_args
-
 from modelwright.errors import ConfigError
 from modelwright.train.cli import cli_main
 from modelwright.train.data import ImageDataModule

@@ -14,14 +14,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
-from conftest import REPO_ROOT, fit_args
 from torch.utils.data import DataLoader, TensorDataset
 
+from conftest import REPO_ROOT, fit_args
 from modelwright.measure import LossWatch, NonFiniteLossError
 from modelwright.study import DONE_STATUSES
 from modelwright.train.cli import cli_main

@@ -125,9 +125,9 @@ def test_window_overrides_hash_and_command():
 def test_patch_callbacks_needs_the_run_monitor():
     with pytest.raises(ConfigError, match="trainer.callbacks: the study needs callbacks.run_monitor.RunMonitor"):
         plan.patch_callbacks([{"class_path": "callbacks.progress_bar.ThrottledProgressBar"}], 1, "r.json")
-    out = plan.patch_callbacks(
-        [{"class_path": "callbacks.run_monitor.RunMonitor", "init_args": {"records_jsonl": "x.jsonl", "history": True}}],
-        1, "r.json")
+    monitor = {"class_path": "callbacks.run_monitor.RunMonitor",
+               "init_args": {"records_jsonl": "x.jsonl", "history": True}}
+    out = plan.patch_callbacks([monitor], 1, "r.json")
     assert out[0]["init_args"] == {"records_jsonl": None, "record_path": "r.json", "history": True,
                                    "warmup_steps": 1, "measure_steps": None, "anatomy": True, "anatomy_step": None}
 
