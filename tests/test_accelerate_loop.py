@@ -89,7 +89,16 @@ def test_fp32_losses_match_lightning_step_by_step(tmp_path):
         assert accelerate["techniques"][key] == lightning["techniques"][key], key
     assert accelerate["timing"]["steps_per_epoch"] == lightning["timing"]["steps_per_epoch"] == 3
     assert accelerate["timing"]["measured_steps"] == 3, "6 steps less 2 warm-up, less the anatomy step"
-    assert accelerate["flops"]["flops_per_step"] == lightning["flops"]["flops_per_step"]
+    # The same flops section from the same probe: the counts and the peak alike, MFU from each loop's own steps.
+    for key in ("flops_per_step", "flops_per_micro_batch", "peak_flops_per_s", "peak_flops_source",
+                "peak_flops_dtype"):
+        assert accelerate["flops"][key] == lightning["flops"][key], key
+    for record in (accelerate, lightning):
+        flops, median_s = record["flops"], record["timing"]["step_time_median_ms"] / 1e3
+        assert flops["mfu"] == pytest.approx(flops["flops_per_step"] / median_s / flops["peak_flops_per_s"])
+        assert flops["achieved_flops_per_s"] == pytest.approx(flops["flops_per_step"] / median_s)
+    assert set(accelerate["timing"]) == set(lightning["timing"]) and set(accelerate["memory"]) == set(
+        lightning["memory"]), "both loops fill the same sections"
     # smallcnn: 576,170 fp32 parameters; Adam keeps two moments of each.
     anatomy = accelerate["memory"]["anatomy_mib"]
     assert anatomy["parameters"] == pytest.approx(576_170 * 4 / 2**20, rel=1e-3)
