@@ -7,6 +7,8 @@ deterministic, so CPU contention does not matter).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,6 +16,7 @@ import torch.nn.functional as F
 from modelwright.measure import MemoryAnatomy
 from modelwright.measure.profile import profile_step
 from modelwright.planner import largest_batch, options, predict_peak_mib, recommend, slowdowns
+from modelwright.planner.step_profile import read_profile
 from modelwright.train.models import apply_gradient_checkpointing, build_model, checkpoint_segments
 from modelwright.train.module import build_optimizer
 
@@ -88,13 +91,23 @@ def test_prediction_within_5_percent(profile, row):
 
 
 def test_the_profile_charges_saved_tensors_by_kind(profile):
-    prof = profile["profile"]
-    kinds = {kind for _, _, kind, _ in prof["storages"]}
+    typed = read_profile(profile)
+    kinds = {storage.kind for storage in typed.storages}
     assert {"batch", "fixed", "param", "cast", "input"} >= kinds >= {"batch", "fixed", "cast", "input"}
     # smallcnn's max-pool indices are int64 and stay 64-bit under autocast
-    assert any(dtype == "int64" for *_, dtype in prof["storages"])
-    assert [s["param_bytes"] for s in prof["segments"]["stage"]] == [
+    assert any(storage.dtype == "int64" for storage in typed.storages)
+    assert [segment.param_bytes for segment in typed.segments_of("stage")] == [
         sum(p.numel() * 4 for p in stage.parameters()) for stage in build_model("smallcnn").stages]
+
+
+def test_the_profile_reader_takes_storages_as_lists_and_as_objects(profile):
+    """Profiles of version 1 (``results/*/profile.json``) list a storage's fields; version 2 names them."""
+    as_lists = copy.deepcopy(profile)
+    as_lists["profile"]["storages"] = [[s["owner"], s["bytes"], s["kind"], s["dtype"]]
+                                       for s in profile["profile"]["storages"]]
+    assert read_profile(as_lists) == read_profile(profile)
+    config = {**BASE, "model.gradient_checkpointing": "block", "trainer.precision": "bf16-mixed"}
+    assert predict_peak_mib(as_lists, config) == predict_peak_mib(profile, config)
 
 
 def test_ddp_adds_buckets_and_fsdp_shards(profile):

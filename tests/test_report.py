@@ -13,7 +13,8 @@ from modelwright import report
 from modelwright.__main__ import main as cli
 from modelwright.errors import ConfigError
 from modelwright.record import read_records
-from modelwright.report import fmt, readme, tables
+from modelwright import fmt, study_rows
+from modelwright.report import readme, tables
 
 DATA = Path(__file__).resolve().parent / "data"
 FIXTURE = DATA / "records_fixture.jsonl"
@@ -66,7 +67,7 @@ def cells(text: str, run: str) -> list[str]:
 
 
 def test_main_table_rows_match_hand_computed_figures():
-    rows = tables.build_rows(small_study())
+    rows = study_rows.build_rows(small_study())
     text = tables.main_table(rows)
     base = cells(text, "baseline")
     assert base[2:8] == ["700", "1.0×", "2,100", "2,000–2,200 (3)", "1.0×", "no measurable change"]
@@ -81,13 +82,13 @@ def test_main_table_rows_match_hand_computed_figures():
 
 
 def test_verdict_needs_the_baselines_repeat_spread():
-    assert tables.verdict(1.07, 0.10) == "no measurable change"  # was "slower" when 3 steps of one run decided
-    assert tables.verdict(0.85, 0.10) == "faster" and tables.verdict(1.15, 0.10) == "slower"
-    assert tables.verdict(0.56, None) == "no verdict (1 repeat)"
+    assert study_rows.verdict(1.07, 0.10) == "no measurable change"  # was "slower" when 3 steps of one run decided
+    assert study_rows.verdict(0.85, 0.10) == "faster" and study_rows.verdict(1.15, 0.10) == "slower"
+    assert study_rows.verdict(0.56, None) == "no verdict (1 repeat)"
 
 
 def test_a_baseline_of_one_repeat_gives_no_verdict():
-    text = tables.main_table(tables.build_rows([rec("baseline", 2000, 700), rec("amp", 1000, 400, index=1)]))
+    text = tables.main_table(study_rows.build_rows([rec("baseline", 2000, 700), rec("amp", 1000, 400, index=1)]))
     assert cells(text, "amp")[5:8] == ["– (1 repeat)", "0.50×", "no verdict (1 repeat)"]
 
 
@@ -161,14 +162,14 @@ def test_inline_values_fill_a_hand_written_sentence(tmp_path):
 
 def test_fixture_rows_take_the_latest_config_and_the_median_of_repeats():
     records = read_records(FIXTURE)
-    rows = {r.name: r for r in tables.build_rows(records)}
+    rows = {r.name: r for r in study_rows.build_rows(records)}
     assert list(rows) == ["baseline", "amp", "checkpointing-block", "all"]  # plan order, stray record ignored
     amp = rows["amp"]
-    assert amp.v["repeats"] == 2 and amp.v["step_ms"] == pytest.approx(2950.0)  # 2900 and 3000, not 9999
-    assert amp.v["step_lo"] == 2900.0 and amp.v["step_hi"] == 3000.0
+    assert amp.figures.repeats == 2 and amp.figures.step_ms == pytest.approx(2950.0)  # 2900 and 3000, not 9999
+    assert amp.figures.step_lo == 2900.0 and amp.figures.step_hi == 3000.0
     assert amp.reference is rows["baseline"] and rows["all"].reference is rows["baseline"]
     assert rows["checkpointing-block"].status == "failed"
-    budget = {b.name: b for b in tables.build_budget_rows(records, list(rows.values()))}
+    budget = {b.name: b for b in study_rows.build_budget_rows(records, list(rows.values()))}
     assert budget["all"].attempts == 2 and budget["baseline"].attempts == 1  # the probe (attempt 0) not counted
     assert budget["all"].batch == 470 and budget["all"].fits
     assert budget["all"].vs_reference == pytest.approx(470 / 76)
