@@ -224,5 +224,17 @@ def test_a_check_folder_inside_a_study_gives_figures_and_predictions_not_a_resul
     write(tmp_path / "cpu-x" / "bf16-check", [amp])
     sections = readme.Sections(tmp_path, tmp_path)
     assert sections.value("cpu-x/bf16-check", "amp", "step") == "60,000 ms"
-    assert "| amp | cpu-x/bf16-check | 459 | 450 | +2.0% | within |" in sections("predictions")
+    assert "| amp | cpu-x/bf16-check | 459 | 450 | +2.0% | not by category | total within |" in sections("predictions")
     assert "bf16-check" not in sections("results") and "`cpu-x`" in sections("results")
+
+
+def test_prediction_table_judges_every_category_not_the_total(tmp_path):
+    """A total within 5% can hide a category that misses: the row names its worst category and fails."""
+    amp = rec("amp", 60000, 450, precision="bf16-mixed")  # measured: 40 + 40 + 80 + 290 activations + 0
+    amp["prediction"] = {"predicted_mib": {"parameters": 40.0, "gradients": 40.0, "optimizer_state": 80.0,
+                                           "activations": 289.0, "temporaries": 10.0, "total": 459.0}}
+    write(tmp_path / "cpu-x", [amp])
+    row = cells(readme.Sections(tmp_path, tmp_path)("predictions"), "amp")
+    assert row[2:5] == ["459", "450", "+2.0%"]  # the total alone would pass
+    assert row[5] == "temporaries 10.0 vs 0 MiB (+10 MiB)"  # 8 MiB over its 2 MiB tolerance
+    assert row[6] == "misses: temporaries"  # activations 1 MiB under: within 5% of 290

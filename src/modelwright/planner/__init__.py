@@ -14,7 +14,7 @@ from jsonargparse.typing import ClosedUnitInterval, PositiveFloat, PositiveInt
 
 from modelwright.errors import ConfigError, require
 from modelwright.planner.advisor import advise, options, recommend, shardings, slowdowns
-from modelwright.planner.memory import largest_batch, predict_peak_mib
+from modelwright.planner.peak import largest_batch, predict_peak_mib
 from modelwright.planner.scale import (
     DEFAULT_PRICES,
     Assumptions,

@@ -7,13 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from modelwright.fmt import sig, table
-from modelwright.planner.memory import (
-    MIB,
-    config_value,
-    param_state_bytes,
-    predict_peak_mib,
-    state_bytes_per_rank,
-)
+from modelwright.planner.memory import MIB, config_value, param_state_bytes, state_bytes_per_rank
+from modelwright.planner.peak import predict_peak_mib
 from modelwright.planner.step_profile import read_profile
 from modelwright.study_rows import build_rows
 

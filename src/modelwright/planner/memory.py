@@ -1,14 +1,12 @@
-"""Memory per rank: bytes per parameter, ZeRO/FSDP sharding, and the peak of a step predicted from one
-profile."""
+"""Memory per rank: bytes per parameter, ZeRO/FSDP sharding, and what the predicted peak (:mod:`.peak`) reads
+from a config."""
 
-import bisect
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from modelwright.errors import require
-from modelwright.planner.step_profile import Segment, StepProfile, read_profile
+from modelwright.planner.step_profile import StepProfile
 from modelwright.record import get_path
 
 MIB = 2**20
@@ -120,6 +118,7 @@ class StepSetup:
     bucket_view: bool
     batch_ratio: float  # the micro-batch over the profiled batch
     optimizer_impl: str
+    channels_last: bool = False
 
     @property
     def autocast(self) -> bool:
@@ -133,6 +132,12 @@ class StepSetup:
     @property
     def shard(self) -> int:
         return self.ranks if self.strategy == "fsdp" else 1
+
+    @property
+    def channels_last_copy(self) -> bool:
+        """Whether the LightningModule copies each NCHW batch to channels-last (FSDP2 runs NCHW instead: it
+        shards contiguous parameters only)."""
+        return self.channels_last and self.strategy != "fsdp"
 
 
 def step_setup(profile: StepProfile, config: Mapping) -> StepSetup:
@@ -157,157 +162,5 @@ def step_setup(profile: StepProfile, config: Mapping) -> StepSetup:
                      granularity=granularity, strategy=strategy, ranks=ranks,
                      bucket_view=bool(init_args.get("gradient_as_bucket_view")),
                      batch_ratio=batch / profile.batch_size,
-                     optimizer_impl=str(config_value(config, "model.optimizer_impl", "auto")))
-
-
-class PeakPoint(NamedTuple):
-    """The bytes of one moment of the step that change from moment to moment."""
-
-    gradients: float
-    parameters: float
-    activations: float
-    temporaries: float
-
-    @property
-    def total(self) -> float:
-        return self.gradients + self.parameters + self.activations + self.temporaries
-
-
-class BackwardReplay:
-    """The step's backward, unit by unit, rescaled from the profiled fp32 step for a :class:`StepSetup`."""
-
-    def __init__(self, profile: StepProfile, setup: StepSetup) -> None:
-        self.profile = profile
-        self.setup = setup
-        self.segments = profile.segments_of(setup.granularity)
-        self.blocks = profile.segments_of("block")
-        units = range(len(profile.units))
-        # Each segment's first unit.
-        self.first_unit = {self.segment_of(unit): unit for unit in reversed(units)}
-
-    def segment_of(self, unit: int | None) -> int | None:
-        """The checkpoint segment ``unit`` is in (None: outside every segment, or no checkpointing)."""
-        if not self.segments or unit is None:
-            return None
-        return self.profile.units[unit].segments.get(self.setup.granularity)
-
-    def saved_bytes(self, size: float, kind: str, dtype: str, owner: int | None) -> float:
-        """What a saved storage of the profiled step costs this step."""
-        setup = self.setup
-        wide = 2 if dtype == "float32" else 1
-        if kind == "batch":
-            return size * setup.batch_ratio / (wide if setup.narrow == 2 else 1)
-        if kind == "fixed":
-            return size / (wide if setup.state.weights == 2 else 1)
-        if kind == "cast":  # autocast's 16-bit copy of a weight
-            return size / 2 if setup.autocast else 0.0
-        if kind == "input":
-            # The batch itself costs the step nothing; autocast's 16-bit copy of it for the first layer does
-            # (owner None: a segment's input, not a module's saved tensor).
-            first_layer = setup.autocast and owner is not None and self.profile.units[owner].type
-            return size * setup.batch_ratio / 2 if first_layer else 0.0
-        return 0.0  # a parameter saved as it is
-
-    def kept_by_module(self, segment: Segment) -> bool:
-        """Whether a module outside every segment saves this segment's input anyway."""
-        return segment.input_owner is not None and self.segment_of(segment.input_owner) is None
-
-    def saved_alive(self, unit: int) -> float:
-        """Saved tensors alive at ``unit`` in backward: everything saved up to it outside checkpointed
-        segments, its own segment recomputed, and the inputs of the segments started so far."""
-        segment = self.segment_of(unit)
-        saved = sum(self.saved_bytes(storage.bytes, storage.kind, storage.dtype, storage.owner)
-                    for storage in self.profile.storages
-                    if storage.owner <= unit and self.segment_of(storage.owner) in (None, segment))
-        saved += sum(self.saved_bytes(entry.input_bytes, entry.input_kind, "float32", None)
-                     for index, entry in enumerate(self.segments)
-                     if self.first_unit.get(index, math.inf) <= unit and not self.kept_by_module(entry))
-        return saved
-
-    def profiled_alive(self, unit: int) -> int:
-        """The batch and per-channel storages of the profile alive at ``unit``."""
-        return sum(storage.bytes for storage in self.profile.storages
-                   if storage.owner <= unit and storage.kind in ("batch", "fixed"))
-
-    def gathered_bytes(self, unit: int) -> float:
-        """FSDP2: the block running and the one prefetched (the previous one, in backward), gathered whole."""
-        block = self.profile.units[unit].segments.get("block")
-        if self.setup.shard == 1 or block is None:
-            return 0.0
-        gathered = sum(self.blocks[i].param_bytes for i in (block, block - 1) if i >= 0)
-        return gathered * self.setup.state.weights / 4
-
-    def point(self, unit: int) -> PeakPoint:
-        setup = self.setup
-        backward = self.profile.units[unit].backward
-        if setup.accumulate > 1:
-            gradients = self.profile.parameters * setup.state.gradients
-        else:
-            gradients = backward.gradients * setup.state.gradients / 4
-        # What MemTracker saw beyond the saved tensors the profile charged (views, outputs held by autograd).
-        unprofiled = max(0.0, backward.activations - self.profiled_alive(unit))
-        return PeakPoint(gradients=gradients / setup.shard, parameters=self.gathered_bytes(unit),
-                         activations=self.saved_alive(unit) + unprofiled * setup.batch_ratio / setup.narrow,
-                         temporaries=backward.temporaries * setup.batch_ratio / setup.narrow)
-
-    def points(self) -> list[PeakPoint]:
-        return [self.point(unit) for unit, entry in enumerate(self.profile.units) if entry.backward]
-
-
-def update_point(profile: StepProfile, setup: StepSetup) -> PeakPoint:
-    """The optimizer update: every gradient, plus foreach's copy of all weights or the for-loop's largest
-    one."""
-    state = setup.state
-    if setup.optimizer_impl == "fused":
-        temporaries = 0.0
-    elif setup.optimizer_impl == "foreach":
-        temporaries = profile.parameters * state.weights / setup.shard
-    else:
-        temporaries = profile.largest_param_bytes * state.weights / 4
-    if setup.optimizer == "sgd-nomomentum":
-        temporaries = 0.0
-    return PeakPoint(gradients=profile.parameters * state.gradients / setup.shard, parameters=0.0,
-                     activations=0.0, temporaries=temporaries)
-
-
-def resident_bytes(profile: StepProfile, setup: StepSetup) -> dict[str, float]:
-    """What the whole step holds: the (sharded) weights and optimizer state, buffers, DDP's gradient
-    buckets."""
-    state = setup.state
-    sharded = state_bytes_per_rank(profile.parameters, state, "fsdp", setup.shard)
-    buckets = setup.strategy == "dp" and setup.ranks > 1 and not setup.bucket_view
-    return {"parameters": sharded["parameters"], "buffers": profile.peak_bytes["buffers"],
-            "optimizer_state": sharded["optimizer_state"],
-            "comm_buffers": profile.parameters * state.grad_comm if buckets else 0.0}
-
-
-CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries",
-              "comm_buffers")
-
-
-def predict_peak_mib(profile_record: Mapping, config: Mapping) -> dict[str, float]:
-    """One rank's peak tensor memory (MiB by category, and ``total``) under ``config`` (docs/distributed.md),
-    from the ``profile`` of one fp32 step (or a record holding it), by replaying backward: at each module's
-    peak, parameters + optimizer state + gradients so far + saved tensors not yet released + temporaries
-    there, rescaled for ``config``."""
-    profile = read_profile(profile_record)
-    setup = step_setup(profile, config)
-    points = [*BackwardReplay(profile, setup).points(), update_point(profile, setup)]
-    peak = max(points, key=lambda point: point.total)._asdict()
-    resident = resident_bytes(profile, setup)
-    by_category = {key: (resident.get(key, 0.0) + peak.get(key, 0.0)) / MIB for key in CATEGORIES}
-    return {**by_category, "total": sum(by_category.values())}
-
-
-def largest_batch(profile_record: Mapping, config: Mapping, budget_mib: float) -> int:
-    """The largest per-rank micro-batch whose predicted peak fits ``budget_mib`` (0 if not even one
-    sample)."""
-
-    def over_budget(batch: int) -> bool:
-        return predict_peak_mib(profile_record, {**config, "data.batch_size": batch})["total"] > budget_mib
-
-    # The peak grows with the batch, so the batches up to 2^25 that fit come first: count them by bisection.
-    best = bisect.bisect_left(range(1, 2**25 + 1), True, key=over_budget)
-    require(best < 2**25, "budget_mib: fits more than 16 M samples; is the budget in MiB?")
-    return best
-
+                     optimizer_impl=str(config_value(config, "model.optimizer_impl", "auto")),
+                     channels_last=bool(config_value(config, "model.channels_last", False)))

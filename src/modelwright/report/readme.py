@@ -14,7 +14,7 @@ from pathlib import Path
 from modelwright.errors import require
 from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table
 from modelwright.record import get_path, read_record, read_records, write_text_atomic
-from modelwright.report import tables
+from modelwright.report import predictions, tables
 from modelwright.report.plots import PLOTS
 from modelwright.study_rows import Row, build_budget_rows, build_rows, div, provenance_group
 
@@ -80,6 +80,7 @@ class ResultsFolder:
         self.marks = {group: chr(ord("a") + i) for i, group in enumerate(groups)} if len(groups) > 1 else {}
         self.wall_s = sum(finite(get_path(record, "study.process_wall_s")) or 0 for record in used)
         self.ok_rows = {row.name: row for row in self.rows if row.ok}
+        self.profile = read_json(folder / "profile.json")  # what the study predicted its runs from
 
     def window_text(self, last: Mapping) -> str:
         """Warm-up, measured steps (and the rows that measured another number), repeats and plans."""
@@ -164,7 +165,7 @@ class Sections:
         return render[name]() if name in render else None
 
     def predictions(self) -> str:
-        return tables.prediction_table(self.studies) or "No run of a study was predicted yet."
+        return predictions.prediction_table(self.studies) or "No run of a study was predicted yet."
 
     def value(self, slug: str, run: str, field: str) -> str:
         """One figure (a key of :func:`inline_figures`) of run ``run`` in ``results/<slug>/``; a dash without

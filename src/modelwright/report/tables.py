@@ -11,8 +11,8 @@ from modelwright.record import get_path
 from modelwright.study_rows import LOSS_STEPS, BudgetRow, Row, peak_mib, provenance_group
 
 # study/budget.py and its tests read a record's measured peak from here.
-__all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "peak_mib", "prediction_table",
-           "scaleout_table", "setup_text"]
+__all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "peak_mib", "scaleout_table",
+           "setup_text"]
 #: airbench's "standard ResNet-18" baseline on one A100 (Keller Jordan, airbench README, 2024): 32.3 PFLOP in
 #: 7 min. The scale-out table's GPU step is a record's FLOPs at that rate: an estimate, never a measurement.
 PUBLISHED_A100_FLOPS_PER_S = 32.3e15 / (7 * 60)
@@ -110,27 +110,6 @@ def budget_table(budget: Sequence[BudgetRow]) -> str:
     header = ["run", "largest batch", "predicted peak MiB", "confirmed peak MiB", "under budget",
               "confirming runs", "batch vs base", "a few % more exceeds it"]
     return table(header, body, "lrrrcrrl")
-
-
-def prediction_table(studies: Sequence[Any], tolerance: float = 0.05) -> str | None:
-    """Per run of the studies recorded with a prediction, the peak predicted before it ran beside the measured
-    one."""
-    body = []
-    for study in studies:
-        for row in study.rows:
-            measured = row.figures.peak_mib
-            if not row.ok or measured is None:
-                continue
-            predicted = next((get_path(record, "prediction.predicted_mib.total") for record in row.records
-                              if record.get("prediction")), None)
-            if finite(predicted) is None:
-                continue
-            error = predicted / measured - 1
-            body.append([row.name, study.slug, sig(predicted), sig(measured), pct(error, signed=True),
-                         "within" if abs(error) <= tolerance else "misses"])
-    header = ["run", "machine", "predicted peak MiB", "measured peak MiB (median)", "error",
-              f"within {pct(tolerance)}"]
-    return table(header, body, "llrrrl") if body else None
 
 
 def attention_table(result: Mapping | None) -> str | None:
