@@ -70,7 +70,10 @@ def duration(seconds: float) -> str:
 
 @_dash_if_missing
 def usd(value: float) -> str:
-    """Dollars: cents below $100, whole dollars above."""
+    """Dollars: two significant digits below $1 (a CPU minute costs a fraction of a cent), cents below $100,
+    whole dollars above."""
+    if value < 1:
+        return f"${sig(value, 2)}"
     return f"${value:,.2f}" if value < 100 else f"${value:,.0f}"
 
 

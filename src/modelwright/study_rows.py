@@ -12,9 +12,9 @@ import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from modelwright.fmt import DASH, finite
+from modelwright.fmt import DASH, finite, pct
 from modelwright.record import get_path
 
 ANATOMY = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
@@ -69,10 +69,28 @@ def last_loss(record: Mapping) -> LastLoss:
     return LastLoss(statistics.fmean(point[1] for point in points[-LOSS_STEPS:]), samples)
 
 
+class SpreadBand(NamedTuple):
+    """The spread of a row's repeats: the lowest and the highest of their median steps relative to the median
+    of them (``lo/med − 1``, ``hi/med − 1``). A ratio to this row is a change only outside ``1 + low`` to
+    ``1 + high``."""
+
+    low: float
+    high: float
+
+    def contains(self, time_ratio: float) -> bool:
+        return 1 + self.low <= time_ratio <= 1 + self.high
+
+    def text(self) -> str:
+        """``-7.6% / +7.0%``."""
+        return f"{pct(self.low, signed=True)} / {pct(self.high, signed=True)}"
+
+
 @dataclass(frozen=True)
 class Figures:
     """What a row shows: medians over its ``ok`` repeats (the anatomy by category, MiB), the repeats' median
-    step times' ``step_lo``/``step_hi``, and the largest activations a repeat left after its step."""
+    step times' ``step_lo``/``step_hi``, and the largest activations a repeat left after its step. The FLOP
+    rates and MFU are those of the median step, so a sentence that takes several of them agrees with itself
+    and with ``step_ms``."""
 
     peak_mib: float | None = None
     anatomy: dict[str, float | None] = field(default_factory=dict)
@@ -82,6 +100,9 @@ class Figures:
     step_hi: float | None = None
     repeats: int = 0
     samples_per_s: float | None = None
+    flops_per_step: float | None = None
+    peak_flops_per_s: float | None = None
+    achieved_flops_per_s: float | None = None
     mfu: float | None = None
     loss: float | None = None
     loss_samples: int | None = None
@@ -99,30 +120,82 @@ def anatomy_medians(ok: Sequence[Mapping]) -> dict[str, float | None]:
     return anatomy
 
 
+def median_step_rates(ok: Sequence[Mapping], step_ms: float | None) -> dict[str, float | None]:
+    """FLOPs per step, the hardware peak, and the achieved FLOP/s and MFU at the median step (the records'
+    own medians of them where the FLOPs per step are not recorded)."""
+    flops = median([get_path(record, "flops.flops_per_step") for record in ok])
+    peak = median([get_path(record, "flops.peak_flops_per_s") for record in ok])
+    if flops and step_ms:
+        achieved = flops / (step_ms / 1000)
+        mfu = div(achieved, peak)
+    else:
+        achieved = median([get_path(record, "flops.achieved_flops_per_s") for record in ok])
+        mfu = median([get_path(record, "flops.mfu") for record in ok])
+    return {"flops_per_step": flops, "peak_flops_per_s": peak, "achieved_flops_per_s": achieved, "mfu": mfu}
+
+
 def figures_of(ok: Sequence[Mapping]) -> Figures:
     """A row's figures from its ``ok`` records (one per repeat)."""
     medians = [finite(get_path(record, "timing.step_time_median_ms")) for record in ok]
     steps = [step for step in medians if step is not None]
+    step_ms = median(steps)
     losses = [last_loss(record) for record in ok]
     end_activations = [finite(get_path(record, "memory.anatomy_end_mib.activations")) or 0 for record in ok]
     return Figures(
         peak_mib=median([peak_mib(record) for record in ok]),
         anatomy=anatomy_medians(ok),
         end_activations=max(end_activations),
-        step_ms=median(steps),
+        step_ms=step_ms,
         step_lo=min(steps, default=None),
         step_hi=max(steps, default=None),
         repeats=len(steps),
         samples_per_s=median([get_path(record, "timing.samples_per_s") for record in ok]),
-        mfu=median([get_path(record, "flops.mfu") for record in ok]),
+        **median_step_rates(ok, step_ms),
         loss=median([loss.mean for loss in losses]),
         loss_samples=losses[0].samples,
     )
 
 
+@dataclass(frozen=True)
+class EpochFigures:
+    """One full configured epoch of a plan entry (a record of ``study.kind`` ``epoch``): its wall time, data
+    loading and the validations inside it included, and its parts."""
+
+    time_s: float
+    steps: int | None
+    validation_s: float | None
+    validations: int | None
+    samples: int | None
+    record: Mapping
+
+    @property
+    def validation_share(self) -> float | None:
+        return div(self.validation_s, self.time_s)
+
+    @property
+    def training_step_s(self) -> float | None:
+        """The epoch's time outside its validations per optimizer step (data loading included)."""
+        return div(self.time_s - (self.validation_s or 0.0), self.steps)
+
+
+def epoch_figures(records: Sequence[Mapping]) -> EpochFigures | None:
+    """The latest ``ok`` epoch record's figures; None where no epoch was measured."""
+    for record in reversed(records):
+        time_s = finite(get_path(record, "timing.epoch_time_s"))
+        if record.get("status") != "ok" or time_s is None:
+            continue
+        steps = get_path(record, "timing.epoch_steps")
+        batch = get_path(record, "techniques.effective_batch_size")
+        samples = steps * batch if isinstance(steps, int) and isinstance(batch, int) else None
+        return EpochFigures(time_s, steps, finite(get_path(record, "timing.epoch_validation_s")),
+                            get_path(record, "timing.epoch_validations"), samples, record)
+    return None
+
+
 @dataclass
 class Row:
-    """One plan entry: the figures of its ``ok`` repeats, or its last failure."""
+    """One plan entry: the figures of its ``ok`` repeats, or its last failure; and its latest measured
+    epoch."""
 
     name: str
     records: list[dict]
@@ -130,6 +203,7 @@ class Row:
     error: str | None = None
     reference: Row | None = None
     figures: Figures = field(default_factory=Figures)
+    epoch: EpochFigures | None = None
 
     @property
     def ok(self) -> bool:
@@ -145,26 +219,26 @@ class Row:
         return div(getattr(self.figures, name), reference)
 
     @property
-    def band(self) -> float | None:
-        """Relative spread (max − min) / median of the repeats' median steps; None with fewer than 2
-        repeats."""
+    def band(self) -> SpreadBand | None:
+        """The spread of the repeats' median steps; None with fewer than 2 repeats."""
         figures = self.figures
         if figures.repeats < 2 or not figures.step_ms:
             return None
-        return (figures.step_hi - figures.step_lo) / figures.step_ms
+        return SpreadBand(figures.step_lo / figures.step_ms - 1, figures.step_hi / figures.step_ms - 1)
 
     @property
     def verdict(self) -> str:
         return verdict(self.vs("step_ms"), self.reference.band if self.reference else None)
 
 
-def verdict(time_ratio: float | None, band: float | None) -> str:
-    """``faster``/``slower`` only outside the reference's repeat spread, else ``no measurable change``."""
+def verdict(time_ratio: float | None, band: SpreadBand | None) -> str:
+    """``faster``/``slower`` only where the ratio leaves the reference's :class:`SpreadBand`, else ``no
+    measurable change``."""
     if time_ratio is None:
         return DASH
     if band is None:
         return "no verdict (1 repeat)"
-    if abs(time_ratio - 1) <= band:
+    if band.contains(time_ratio):
         return "no measurable change"
     return "faster" if time_ratio < 1 else "slower"
 
@@ -204,6 +278,9 @@ def build_rows(records: Sequence[dict]) -> list[Row]:
         return plans[study.get("plan")], study.get("index", 0), row.name
 
     rows.sort(key=plan_order)
+    epochs = records_by_entry(records, "epoch")
+    for row in rows:
+        row.epoch = epoch_figures(epochs.get(row.name, []))
     ranked = sorted((row for row in rows if row.ok), key=lambda row: not is_baseline_name(row.name))
     # The first per model wins: its baseline, else its first run.
     references = {row.model: row for row in reversed(ranked)}

@@ -15,13 +15,8 @@ from jsonargparse.typing import ClosedUnitInterval, PositiveFloat, PositiveInt
 from modelwright.errors import ConfigError, require
 from modelwright.planner.advisor import advise, options, recommend, shardings, slowdowns
 from modelwright.planner.peak import largest_batch, predict_peak_mib
-from modelwright.planner.scale import (
-    DEFAULT_PRICES,
-    Assumptions,
-    markdown_tables,
-    predict_step,
-    spec_from_record,
-)
+from modelwright.planner.prices import DEFAULT_PRICES
+from modelwright.planner.scale import Assumptions, markdown_tables, predict_step, spec_from_record
 from modelwright.record import get_path, read_record, read_records
 
 __all__ = ["Assumptions", "advise", "largest_batch", "markdown_tables", "options", "plan", "predict_peak_mib",
@@ -118,5 +113,6 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
         spec = dataclasses.replace(spec, step_time_ms=gpu_step_time_ms,
                                    step_time_source="assumed: --gpu_step_time_ms")
     assumptions = Assumptions(device=device, overlap_fraction=overlap, usd_per_device_hour=price_per_hour)
-    priced = not on_cpu or gpu_step_time_ms is not None or price_cpu_step_time
+    # A CPU step is not priced at a GPU's listing unless asked: a price of its own, or a GPU step time.
+    priced = not on_cpu or price_per_hour is not None or gpu_step_time_ms is not None or price_cpu_step_time
     print(markdown_tables(spec, devices, assumptions, epochs, dataset_size, priced=priced))

@@ -10,13 +10,11 @@ from typing import NamedTuple
 
 from modelwright.fmt import count, duration, sig, table, usd
 from modelwright.planner.memory import MIB, STRATEGIES, normalize, param_state_bytes, state_bytes_per_rank
+from modelwright.planner.prices import DEFAULT_PRICES, HOW_TO_PRICE, PRICE_SOURCE
 from modelwright.record import get_path
 
 STRATEGY_LABELS = {"dp": "DP (DDP)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "ZeRO-3 / FSDP",
                    "tp": "TP", "pp": "PP"}
-#: USD per device-hour (low, high) in the dated source: prices move.
-DEFAULT_PRICES = {"A100 80GB": (1.10, 3.00), "H100 SXM": (2.50, 5.00), "H200": (3.50, 7.00)}
-PRICE_SOURCE = "third-party GPU cloud listings (2026-05)"
 _NDR = "one 400 Gb/s NDR InfiniBand port per GPU (DGX H100)"
 #: Per-GPU link rates in GB/s, one direction: NVLink/NVSwitch inside a node, InfiniBand between nodes.
 class Fabric(NamedTuple):
@@ -283,7 +281,7 @@ def scaling_rows(spec: JobSpec, devices: Sequence[int], assumptions: Assumptions
                       ("parameters", "gradients", "optimizer_state", "activations", "total")]
             memory_rows.append([label, ranks, *memory, "yes" if prediction.fits else "no"])
             bubble = f"{sig(100 * prediction.bubble_share, 2)}%" if strategy == "pp" else "–"
-            cost = usd(ranks * hours * price_per_hour) + estimate if priced else "not priced"
+            cost = usd(ranks * hours * price_per_hour) + estimate if priced else "–"
             time_rows.append([label, ranks, sig(prediction.comm_bytes / MIB),
                               duration(prediction.comm_s) + estimate, bubble,
                               duration(prediction.step_s) + estimate,
@@ -317,6 +315,7 @@ def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64),
         f"- assumed: network: {FABRICS[assumptions.device].source}; {assumptions.gpus_per_node} per node",
         f"- assumed: overlap: {assumptions.overlap_fraction:.0%} of backward; {OVERLAP_SOURCE}",
         f"- assumed: price: {price_text(assumptions)}",
+        *([] if priced else [f"- cost: {HOW_TO_PRICE}"]),
         "- estimates: every time, throughput and cost below is an estimate from the figures above",
         "", "### Per-device memory (MiB)", "",
         table(memory_header, memory_rows),

@@ -19,16 +19,22 @@ from modelwright.study_rows import Row
 
 NOTES = ("Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyTorch's memory tracker "
          "over one step (it sees eager code only: compiled runs are not measured). Step ms: the median over "
-         "repeats of each repeat's median optimizer step; a row is faster or slower only when its ratio "
-         "leaves the baseline's min–max of those medians. Train loss: the mean of the last logged steps, "
-         "shown where a run has seen as many samples as the baseline. An artifact in the anatomy: "
-         "activations still held after the step.")
+         "repeats of each repeat's median optimizer step. The baseline's band is its lowest and highest "
+         "repeat median relative to their median (lo/med − 1 and hi/med − 1); a row is faster or slower only "
+         "when its time ratio leaves that band. MFU and samples/s: at the median step. Time per epoch: one "
+         "full configured epoch (its steps, data loading and validations), measured in a run of its own; "
+         "cost: that time, or 1,000 samples at the median step's samples/s, at the listed price below. "
+         "Train loss: the mean of the last logged steps, shown where a run has seen as many samples as the "
+         "baseline. An artifact in the anatomy: activations still held after the step.")
 
 
 def render_table_md(folder: ResultsFolder) -> str:
     parts = [f"# Efficiency study: {folder.slug}", folder.header(), "## Memory and speed",
-             tables.main_table(folder.rows, folder.marks), NOTES, "## Memory anatomy (MiB)",
-             tables.anatomy_table(folder.rows)]
+             tables.main_table(folder.rows, folder.marks), NOTES, *tables.price_notes(folder.rows),
+             "## Memory anatomy (MiB)", tables.anatomy_table(folder.rows)]
+    epochs = tables.epoch_table(folder.rows)
+    if epochs:
+        parts += ["## Time per epoch", epochs]
     if folder.budget:
         budget_gib = folder.budget[0].budget_mib / 1024
         parts += [f"## Largest batch under {budget_gib:g} GiB", tables.budget_table(folder.budget)]
@@ -47,7 +53,27 @@ def run_summary(row: Row) -> dict:
     return summary | dataclasses.asdict(row.figures) | {
         "setup": tables.setup_text(row.records[0]), "memory_vs_reference": row.vs("peak_mib"),
         "time_vs_reference": row.vs("step_ms"), "verdict": row.verdict,
-        "run_ids": [record.get("run_id") for record in row.records]}
+        "run_ids": [record.get("run_id") for record in row.records], "epoch": epoch_summary(row),
+        "cost_usd": cost_summary(row)}
+
+
+def epoch_summary(row: Row) -> dict | None:
+    epoch = row.epoch
+    if epoch is None:
+        return None
+    return {"time_s": epoch.time_s, "steps": epoch.steps, "validation_s": epoch.validation_s,
+            "validations": epoch.validations, "validation_share": epoch.validation_share,
+            "run_id": epoch.record.get("run_id")}
+
+
+def cost_summary(row: Row) -> dict | None:
+    """The row's estimated cost, with the price and its source."""
+    cost = tables.row_cost(row)
+    if cost is None:
+        return None
+    return {"per_epoch": cost.per_epoch, "per_1000_samples": cost.per_1000_samples,
+            "usd_per_hour": cost.price.usd_per_hour, "priced_as": cost.price.what,
+            "source": cost.price.source, "estimate": True}
 
 
 def summary(folder: ResultsFolder) -> dict:

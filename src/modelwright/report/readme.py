@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from modelwright.errors import require
-from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table
+from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
 from modelwright.record import get_path, read_record, read_records, write_text_atomic
 from modelwright.report import predictions, tables
 from modelwright.report.plots import PLOTS
@@ -71,7 +71,8 @@ class ResultsFolder:
         records = read_records(path)
         self.rows = build_rows(records)
         self.budget = build_budget_rows(records, self.rows)
-        self.runs = [record for row in self.rows for record in row.records]
+        epochs = [row.epoch.record for row in self.rows if row.epoch]
+        self.runs = [record for row in self.rows for record in row.records] + epochs
         used = self.runs + [record for row in self.budget for record in row.records]
         require(bool(used), f"{path}: no study records (records with a 'study' section)")
         groups = list(dict.fromkeys(map(provenance_group, used)))
@@ -115,17 +116,20 @@ def inline_figures(row: Row, folder: ResultsFolder) -> dict[str, str]:
     figures = row.figures
     anatomy = figures.anatomy
     peak = figures.peak_mib
-    flops = {field: sig(div(finite(get_path(row.records[0], f"flops.{key}")), 1e9)) for field, key in
-             (("peak_gflops", "peak_flops_per_s"), ("gflop_step", "flops_per_step"),
-              ("achieved_gflops", "achieved_flops_per_s"))}
+    # The step, MFU and FLOP rates are all the median step's (study_rows.Figures): one statistic.
+    flops = {"peak_gflops": sig(div(figures.peak_flops_per_s, 1e9)),
+             "gflop_step": sig(div(figures.flops_per_step, 1e9)),
+             "achieved_gflops": sig(div(figures.achieved_flops_per_s, 1e9))}
     state = sum(anatomy[key] or 0 for key in ("parameters", "gradients", "optimizer_state"))
     batch = next((budget.batch for budget in folder.budget if budget.name == row.name and budget.fits), DASH)
+    cost = tables.row_cost(row)
     return {"peak": f"{sig(peak)} MiB", "memory": ratio(row.vs("peak_mib")), "time": ratio(row.vs("step_ms")),
             "step": f"{sig(figures.step_ms)} ms", "verdict": row.verdict, "mfu": pct(figures.mfu),
-            "band": "none with 1 repeat" if row.band is None else f"±{pct(row.band)}",
+            "band": "none with 1 repeat" if row.band is None else row.band.text(),
             "activations": f"{sig(anatomy['activations'])} MiB",
             "share": pct(div(anatomy["activations"] or 0, peak)),
-            "state": f"{sig(state)} MiB", "batch": str(batch), **flops}
+            "state": f"{sig(state)} MiB", "batch": str(batch), "epoch": tables.epoch_text(row),
+            "epoch_cost": usd(cost.per_epoch) if cost and cost.per_epoch is not None else DASH, **flops}
 
 
 class Sections:
@@ -185,6 +189,7 @@ class Sections:
         kind = "CPU" if hardware.get("accelerator") == "cpu" else "GPU"
         parts = [f"### {kind} results: {hardware.get('device_name')} (`{folder.slug}`)", "", folder.header(),
                  "", tables.main_table(folder.rows, folder.marks), ""]
+        parts += [*tables.price_notes(folder.rows), ""]
         if folder.budget:
             parts += [f"Largest micro-batch under {folder.budget[0].budget_mib / 1024:g} GiB:", "",
                       tables.budget_table(folder.budget), ""]

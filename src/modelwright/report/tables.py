@@ -3,10 +3,11 @@
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from modelwright import planner
-from modelwright.fmt import DASH, finite, pct, ratio, sig, table
+from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
+from modelwright.planner.prices import GPU_NAMES, MachinePrice, machine_price
 from modelwright.record import get_path
 from modelwright.study_rows import LOSS_STEPS, BudgetRow, Row, peak_mib, provenance_group
 
@@ -59,6 +60,56 @@ def repeat_spread(row: Row) -> str:
     return f"{sig(figures.step_lo)}–{sig(figures.step_hi)} ({figures.repeats})"
 
 
+class RowCost(NamedTuple):
+    """What a row's runs cost at the listed price of the devices they used: an estimate."""
+
+    per_epoch: float | None  # the measured epoch's wall time
+    per_1000_samples: float | None  # the steady-state step's samples/s
+    price: MachinePrice
+
+
+def devices_used(record: Mapping) -> int:
+    return int(get_path(record, "techniques.world_size", 1) or 1)
+
+
+def row_cost(row: Row) -> RowCost | None:
+    """The row's cost per epoch and per 1,000 samples; None where its device has no price."""
+    record = row.records[0]
+    price = machine_price(record.get("hardware") or {}, devices_used(record))
+    if price is None:
+        return None
+    samples_per_s = row.figures.samples_per_s
+    per_1000 = price.usd_per_hour * 1000 / samples_per_s / 3600 if samples_per_s else None
+    per_epoch = None
+    if row.epoch is not None:
+        epoch_price = machine_price(row.epoch.record.get("hardware") or {}, devices_used(row.epoch.record))
+        per_epoch = epoch_price.usd_per_hour * row.epoch.time_s / 3600 if epoch_price else None
+    return RowCost(per_epoch, per_1000, price)
+
+
+def epoch_text(row: Row) -> str:
+    return duration(row.epoch.time_s) if row.epoch else "not measured"
+
+
+def cost_cells(row: Row) -> list[str]:
+    cost = row_cost(row)
+    if cost is None:
+        return [DASH, DASH]
+    per_epoch = usd(cost.per_epoch) if cost.per_epoch is not None else "not measured"
+    return [per_epoch, usd(cost.per_1000_samples)]
+
+
+def price_notes(rows: Sequence[Row]) -> list[str]:
+    """One line per price the rows' costs use, and one for the devices without a price."""
+    priced = {cost.price.source: cost.price for row in rows if row.ok and (cost := row_cost(row))}
+    notes = [f"Cost (estimate): {price.what} at ${price.usd_per_hour:.4g}/h; {source}."
+             for source, price in priced.items()]
+    if any(row.ok and row_cost(row) is None for row in rows):
+        known = ", ".join(GPU_NAMES)
+        notes.append(f"Cost: – where the device has no listed price (GPUs priced: {known}).")
+    return notes
+
+
 def main_table(rows: Sequence[Row], marks: Mapping[str, str] | None = None) -> str:
     body = []
     for row in (row for row in rows if row.ok):
@@ -69,11 +120,26 @@ def main_table(rows: Sequence[Row], marks: Mapping[str, str] | None = None) -> s
         name = row.name + (f" [{','.join(letters)}]" if letters else "")
         body.append([name, setup_text(row.records[0]), peak, ratio(row.vs("peak_mib")), sig(figures.step_ms),
                      repeat_spread(row), ratio(row.vs("step_ms")), row.verdict, sig(figures.samples_per_s),
-                     pct(figures.mfu), sig(comparable_loss(row))])
+                     pct(figures.mfu), epoch_text(row), *cost_cells(row), sig(comparable_loss(row))])
     header = ["run", "setup", "peak MiB", "memory vs base", "step ms (median of repeats)",
-              "repeat medians min–max (n)", "time vs base", "verdict", "samples/s", "MFU",
+              "repeat medians min–max (n)", "time vs base", "verdict", "samples/s", "MFU", "time per epoch",
+              "cost per epoch (est.)", "cost per 1,000 samples (est.)",
               f"train loss, last {LOSS_STEPS} steps"]
-    return table(header, body, "llrrrrrlrrr")
+    return table(header, body, "llrrrrrlrrrrrr")
+
+
+def epoch_table(rows: Sequence[Row]) -> str | None:
+    """Each measured epoch's composition: optimizer steps, their time with data loading, the validations."""
+    body = []
+    for row in (row for row in rows if row.ok and row.epoch):
+        epoch = row.epoch
+        steps = DASH if epoch.steps is None else epoch.steps
+        validations = DASH if epoch.validations is None else epoch.validations
+        body.append([row.name, duration(epoch.time_s), steps, duration(epoch.training_step_s), validations,
+                     duration(epoch.validation_s), pct(epoch.validation_share), epoch.record.get("run_id")])
+    header = ["run", "time per epoch", "optimizer steps", "per step, data loading included", "validations",
+              "validation time", "validation share", "epoch run"]
+    return table(header, body, "lrrrrrrl") if body else None
 
 
 def anatomy_table(rows: Sequence[Row]) -> str:
