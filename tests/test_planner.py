@@ -56,22 +56,38 @@ def test_nvlink_inside_a_node_infiniband_across():
     assert a.bandwidth(8) == 450.0 and a.bandwidth(16) == 50.0
 
 
-def test_step_time_overlap_bubble_and_cost():
+def test_step_time_latency_overlap_and_bubble():
     spec = JobSpec(num_params=1_000_000, micro_batch_size=100, step_time_ms=1000.0)
     one = predict_step(spec, "dp", 1)
     assert one.step_s == pytest.approx(1.0) and one.samples_per_s == pytest.approx(100.0)
-    # 64 ranks cross nodes: 2·4 MB·63/64 at 50 GB/s = 0.1575 ms, hidden behind backward with overlap
-    assert predict_step(spec, "dp", 64, Assumptions(overlap_fraction=0.0)).comm_s == pytest.approx(7.875e-3 / 50)
-    assert predict_step(spec, "dp", 64).step_s == pytest.approx(1.0)
-    slow = Assumptions(inter_node_gb_per_s=0.001, overlap_fraction=1.0)
-    hidden = 2 / 3  # of the 1 s step, backward
-    p = predict_step(spec, "dp", 64, slow)
-    assert p.step_s == pytest.approx(1.0 + p.comm_s - hidden)
+    # 64 ranks cross nodes: 2·4 MB·63/64 at 50 GB/s = 0.1575 ms, plus a ring's 2·63 steps of 5 µs; 4 MB is one
+    # bucket, ready only when backward ends: nothing hides it
+    ring = predict_step(spec, "dp", 64)
+    assert ring.comm_s == pytest.approx(7.875e-3 / 50 + 2 * 63 * 5e-6)
+    assert ring.step_s == pytest.approx(1.0 + ring.comm_s)
+    # 100 M fp32 parameters: 400 MB in 16 buckets of 25 MiB; the last one's share is exposed, the rest hides
+    # behind the backward (2/3 of the step) until that is used up
+    big = JobSpec(num_params=100_000_000, micro_batch_size=100, step_time_ms=1000.0)
+    slow = predict_step(big, "dp", 64, Assumptions(inter_node_gb_per_s=0.5, overlap_fraction=1.0))
+    assert slow.comm_exposed_s == pytest.approx(slow.comm_s / 16 + (slow.comm_s * 15 / 16 - 2 / 3))
+    assert slow.step_s == pytest.approx(1.0 + slow.comm_exposed_s)
     assert pipeline_bubble_fraction(4, 8) == pytest.approx(3 / 8)
     assert pipeline_bubble_fraction(4, 8, interleave=2) == pytest.approx(3 / 16)
     pp = predict_step(JobSpec(num_params=10, micro_batch_size=1, step_time_ms=1000, num_layers=8), "pp", 4,
                       Assumptions(pp_microbatches=8))
-    assert pp.bubble_share == pytest.approx((3 / 8) / (1 + 3 / 8))
+    assert pp.bubble_of_compute == pytest.approx(3 / 8)  # of the ideal compute
+    assert pp.bubble_of_step == pytest.approx(3 / (8 + 4 - 1))  # of the whole step
+
+
+def test_a_pipeline_of_one_stage_is_the_measured_step():
+    """PP splits the measured step's batch into micro-batches: at N = 1 it is the measured step, at N = 4
+    a quarter of it plus the bubble, always with the measured batch (was: m × the step, m × the samples)."""
+    spec = JobSpec(num_params=10, micro_batch_size=128, step_time_ms=3240.0, num_layers=8)
+    one = predict_step(spec, "pp", 1)
+    assert one.step_s == pytest.approx(3.24) and one.samples_per_step == 128
+    assert one.samples_per_s == pytest.approx(predict_step(spec, "dp", 1).samples_per_s)
+    four = predict_step(spec, "pp", 4)  # m = 16 micro-batches of 8
+    assert four.step_s == pytest.approx(3.24 / 4 * (1 + 3 / 16), rel=1e-3) and four.samples_per_step == 128
 
 
 def test_tables_price_the_job_and_give_every_row_its_header_width():

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from modelwright.fmt import count, duration, sig, table, usd
+from modelwright.fmt import count, duration, pct, sig, table, usd
 from modelwright.planner.memory import MIB, STRATEGIES, normalize, param_state_bytes, state_bytes_per_rank
 from modelwright.planner.prices import DEFAULT_PRICES, HOW_TO_PRICE, PRICE_SOURCE
 from modelwright.record import get_path
@@ -16,8 +16,13 @@ from modelwright.record import get_path
 STRATEGY_LABELS = {"dp": "DP (DDP)", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "fsdp": "ZeRO-3 / FSDP",
                    "tp": "TP", "pp": "PP"}
 _NDR = "one 400 Gb/s NDR InfiniBand port per GPU (DGX H100)"
-#: Per-GPU link rates in GB/s, one direction: NVLink/NVSwitch inside a node, InfiniBand between nodes.
+
+
 class Fabric(NamedTuple):
+    """Per-GPU link rates in GB/s, one direction: NVLink/NVSwitch inside a node, and between nodes each GPU's
+    own InfiniBand port (a rail-optimised node has a NIC per GPU, so every rank's ring traffic has a port
+    of its own)."""
+
     intra_node_gb_per_s: float
     inter_node_gb_per_s: float
     source: str
@@ -32,9 +37,20 @@ FABRICS = {
 # DDP starts each bucket's all-reduce as soon as its gradients are ready, hiding it behind the rest of
 # backward (Li et al., "PyTorch Distributed", VLDB 2020, §3.2.3); FSDP prefetches the next all-gather the
 # same way.
-OVERLAP_SOURCE = ("bucketed all-reduce overlapped with backward (Li et al., VLDB 2020); backward = 2/3 of "
-                  "compute")
+OVERLAP_SOURCE = ("bucketed all-reduce overlapped with the rest of backward, the last bucket's not (Li et "
+                  "al., VLDB 2020); backward = 2/3 of compute")
 BACKWARD_SHARE = 2 / 3  # backward ≈ 2 × forward FLOPs (the 6·N·tokens rule: 2 forward, 4 backward)
+#: α, the latency of one ring step. Between nodes: the upper end of InfiniBand NDR's 2–5 µs per switch hop;
+#: inside a node: NVLink's 5–10 µs end to end for a small collective, upper end, over a ring of 8's 2(8−1)
+#: steps. Both from factryze.ai's Scale Atlas ("Tree-Reduce Latency"), whose ring model this is:
+#: T ≈ 2(P−1)·α + 2(P−1)/P·bytes/bandwidth.
+INTER_NODE_STEP_LATENCY_S = 5e-6
+INTRA_NODE_STEP_LATENCY_S = 10e-6 / (2 * (8 - 1))
+LATENCY_SOURCE = ("α per ring step: 5 µs between nodes (InfiniBand NDR 2–5 µs per switch hop), 0.71 µs "
+                  "inside one (NVLink 10 µs end to end over 14 steps); factryze.ai Scale Atlas, Tree-Reduce "
+                  "Latency")
+#: DDP's default gradient bucket, 25 MiB (``bucket_cap_mb``; Li et al., VLDB 2020): one ring collective each.
+DDP_BUCKET_BYTES = 25 * MIB
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,10 @@ class Assumptions:
 
     def microbatches(self, stages: int) -> int:
         return self.pp_microbatches or 4 * stages
+
+    def step_latency_s(self, devices: int) -> float:
+        """α of one ring step: a ring that crosses nodes waits for its slowest, inter-node, hop."""
+        return INTRA_NODE_STEP_LATENCY_S if devices <= self.gpus_per_node else INTER_NODE_STEP_LATENCY_S
 
 
 @dataclass(frozen=True)
@@ -155,8 +175,8 @@ def comm_bytes_per_step(spec: JobSpec, strategy: str, devices: int,
     micro-batches): DP ``2cΨ(N-1)/N`` (``no_sync`` while accumulating); ZeRO-1 ``(c+w)Ψ(N-1)/N``; ZeRO-2
     ``(rc+w)Ψ(N-1)/N``; ZeRO-3/FSDP ``r(2w+c)Ψ(N-1)/N`` with w = 2 under mixed precision (FSDP gathers
     16-bit weights, ``MixedPrecisionPolicy(param_dtype=bf16)``, gradients reduced in fp32); TP: the
-    boundary activation ring all-reduced twice forward and twice backward per block; PP: one boundary
-    activation and its gradient per micro-batch."""
+    boundary activation ring all-reduced twice forward and twice backward per block; PP: each stage sends
+    the step's boundary activations forward and their gradients back."""
     strategy = normalize("strategy", strategy)
     devices = int(devices)
     if devices == 1:
@@ -177,19 +197,68 @@ def comm_bytes_per_step(spec: JobSpec, strategy: str, devices: int,
         return micro_batches * ring * (2 * gathered_bytes + gradient_bytes)
     if strategy == "tp":
         return micro_batches * (spec.num_layers or 1) * 4 * 2 * ring * boundary
-    return (assumptions or Assumptions()).microbatches(devices) * 2 * boundary  # pp
+    return 2 * boundary * micro_batches  # pp: the whole step's samples, in micro-batches or not
+
+
+def collective_units(spec: JobSpec, strategy: str) -> int:
+    """How many collectives a step issues one after another, each paying the ring's latency: DDP's gradient
+    buckets (ZeRO-1/2 reduce-scatter and gather them the same way); FSDP's per-block all-gather, all-gather
+    and reduce-scatter per micro-batch; TP's four all-reduces per block per micro-batch."""
+    blocks = spec.num_layers or 1
+    micro_batches = spec.accumulate_grad_batches
+    if strategy in ("dp", "zero1", "zero2"):
+        gradient_bytes = spec.state.grad_comm * spec.num_params
+        return max(1, math.ceil(gradient_bytes / DDP_BUCKET_BYTES))
+    if strategy == "fsdp":
+        return 3 * blocks * micro_batches
+    return 4 * blocks * micro_batches  # tp
+
+
+class CommTime(NamedTuple):
+    """A step's communication: all of it (bytes at the bus bandwidth, plus each ring step's latency), and the
+    part the step waits for."""
+
+    total_s: float
+    exposed_s: float
+
+
+def communication_time(spec: JobSpec, strategy: str, devices: int, assumptions: Assumptions,
+                       compute_s: float) -> CommTime:
+    """The step's communication time and what of it backward cannot hide."""
+    comm_bytes = comm_bytes_per_step(spec, strategy, devices, assumptions)
+    if devices == 1:
+        return CommTime(0.0, 0.0)
+    bandwidth_s = comm_bytes / (assumptions.bandwidth(devices) * 1e9)  # bus bandwidth in GB/s
+    if strategy == "pp":  # point to point: one message each way per micro-batch, no ring
+        latency_s = 2 * assumptions.microbatches(devices) * assumptions.step_latency_s(devices)
+        return CommTime(bandwidth_s + latency_s, bandwidth_s + latency_s)
+    units = collective_units(spec, strategy)
+    # A ring collective over N ranks takes 2(N−1) steps, each paying the latency α beside its bytes.
+    latency_s = units * 2 * (devices - 1) * assumptions.step_latency_s(devices)
+    total_s = bandwidth_s + latency_s
+    if strategy == "tp":  # each all-reduce sits between two layers: nothing to hide behind
+        return CommTime(total_s, total_s)
+    # The last bucket (block) is ready only when backward ends, so its collective cannot overlap; the others
+    # hide behind the backward that remains, of the last micro-batch only (no_sync defers the rest).
+    last_s = total_s / units
+    backward_s = assumptions.overlap_fraction * BACKWARD_SHARE * compute_s / spec.accumulate_grad_batches
+    return CommTime(total_s, last_s + max(0.0, total_s - last_s - backward_s))
 
 
 @dataclass(frozen=True)
 class StepPrediction:
-    """One (strategy, devices) pair; times per optimizer step."""
+    """One (strategy, devices) pair; times per optimizer step. ``bubble_of_compute`` is the pipeline's idle
+    time over its ideal compute, ``(p-1)/m``; ``bubble_of_step`` the same idle time over the whole step,
+    ``(p-1)/(m+p-1)``."""
 
     strategy: str
     devices: int
     memory_mib: dict[str, float]
     comm_bytes: float
     comm_s: float
-    bubble_share: float
+    comm_exposed_s: float
+    bubble_of_compute: float
+    bubble_of_step: float
     step_s: float
     samples_per_step: int
     samples_per_s: float
@@ -209,42 +278,60 @@ def predict_memory_mib(spec: JobSpec, strategy: str, devices: int,
     activations = spec.activation_bytes_per_sample * spec.micro_batch_size
     if strategy == "tp":
         activations /= devices
-    elif strategy == "pp":  # 1F1B: min(p, m) micro-batches in flight, 1/p of the model
-        activations *= min(devices, assumptions.microbatches(devices)) / devices
+    elif strategy == "pp":
+        # The step's samples in m micro-batches; 1F1B keeps min(p, m) of them in flight on the first stage,
+        # which holds 1/p of the model.
+        microbatches = assumptions.microbatches(devices)
+        per_microbatch = activations * spec.accumulate_grad_batches / microbatches
+        activations = per_microbatch * min(devices, microbatches) / devices
     memory["activations"] = activations / MIB
     memory["temporaries"] = spec.temporaries_bytes / MIB
     return {**memory, "total": sum(memory.values())}
 
 
+class Compute(NamedTuple):
+    """One rank's compute per optimizer step and the samples that step trains."""
+
+    seconds: float
+    samples: int
+    bubble_of_compute: float = 0.0
+
+
+def compute_per_step(spec: JobSpec, strategy: str, devices: int, assumptions: Assumptions) -> Compute:
+    """DP and ZeRO: the measured step on N × the batch (weak scaling). TP: the measured batch, 1/N of each
+    layer per rank. PP: the measured batch in m micro-batches through N stages of 1/N of the model; each
+    micro-batch takes its share of the measured step (step time assumed proportional to the batch), and
+    the pipeline fills and drains in (p-1) micro-batch slots: ``t/N · (1 + (p-1)/m)``."""
+    step_s = spec.step_time_ms / 1000
+    per_rank = spec.micro_batch_size * spec.accumulate_grad_batches
+    if strategy == "tp":
+        return Compute(step_s / devices, per_rank)
+    if strategy == "pp":
+        bubble = pipeline_bubble_fraction(devices, assumptions.microbatches(devices))
+        return Compute(step_s / devices * (1 + bubble), per_rank, bubble)
+    return Compute(step_s, devices * per_rank)
+
+
 def predict_step(spec: JobSpec, strategy: str, devices: int,
                  assumptions: Assumptions | None = None) -> StepPrediction:
-    """Memory, communication, step time and throughput for ``strategy`` at ``devices`` ranks. Compute: DP/ZeRO
-    the measured step on N × the batch; TP the step / N; PP m micro-batches through N stages,
-    ``m·t_micro/N·(1+bubble)``."""
+    """Memory, communication, step time and throughput for ``strategy`` at ``devices`` ranks
+    (:func:`compute_per_step`, :func:`communication_time`)."""
     assumptions = assumptions or Assumptions()
     strategy = normalize("strategy", strategy)
     devices = int(devices)
-    comm = comm_bytes_per_step(spec, strategy, devices, assumptions)
-    comm_s = comm / (assumptions.bandwidth(devices) * 1e9)  # bus bandwidth in GB/s
-    per_rank = spec.micro_batch_size * spec.accumulate_grad_batches
-    compute = spec.step_time_ms / 1000
-    bubble = 0.0
-    samples = devices * per_rank
-    if strategy == "tp":
-        compute = compute / devices
-        samples = per_rank
-    elif strategy == "pp":
-        microbatches = assumptions.microbatches(devices)
-        bubble = pipeline_bubble_fraction(devices, microbatches)
-        compute = microbatches * compute / spec.accumulate_grad_batches / devices * (1 + bubble)
-        samples = microbatches * spec.micro_batch_size
-    hidden = assumptions.overlap_fraction * BACKWARD_SHARE * compute if strategy not in ("tp", "pp") else 0.0
-    step = compute + max(0.0, comm_s - hidden)
+    compute = compute_per_step(spec, strategy, devices, assumptions)
+    comm = communication_time(spec, strategy, devices, assumptions, compute.seconds)
+    step_s = compute.seconds + comm.exposed_s
     memory = predict_memory_mib(spec, strategy, devices, assumptions)
-    fits = memory["total"] <= assumptions.device_memory_gib * 1024
-    return StepPrediction(strategy, devices, memory, comm, comm_s, bubble / (1 + bubble), step, samples,
-                          samples / step if step > 0 else math.inf, fits,
-                          cannot_split(spec, strategy, devices, assumptions))
+    bubble = compute.bubble_of_compute
+    return StepPrediction(
+        strategy=strategy, devices=devices, memory_mib=memory,
+        comm_bytes=comm_bytes_per_step(spec, strategy, devices, assumptions), comm_s=comm.total_s,
+        comm_exposed_s=comm.exposed_s, bubble_of_compute=bubble, bubble_of_step=bubble / (1 + bubble),
+        step_s=step_s, samples_per_step=compute.samples,
+        samples_per_s=compute.samples / step_s if step_s > 0 else math.inf,
+        fits=memory["total"] <= assumptions.device_memory_gib * 1024,
+        unsplittable=cannot_split(spec, strategy, devices, assumptions))
 
 
 def max_params(spec: JobSpec, strategy: str, devices: int, assumptions: Assumptions) -> int:
@@ -262,10 +349,28 @@ def price_text(assumptions: Assumptions) -> str:
     return f"{assumptions.device} ${low:.2f}–{high:.2f}/h, low end; {PRICE_SOURCE}"
 
 
+TIME_HEADER = ["strategy", "N", "comm/step (MiB)", "comm time, exposed", "bubble ÷ ideal compute, (p-1)/m",
+               "bubble ÷ step, (p-1)/(m+p-1)", "step time", "samples/s", "train time", "cost"]
+
+
+def time_row(prediction: StepPrediction, epochs: float, dataset_size: int,
+             price_per_hour: float | None) -> list:
+    """One row of the time table; ``price_per_hour`` None: not priced."""
+    estimate = " (est.)"
+    hours = epochs * dataset_size / prediction.samples_per_s / 3600
+    pipelined = prediction.strategy == "pp"
+    comm = f"{duration(prediction.comm_s)}, {duration(prediction.comm_exposed_s)} exposed{estimate}"
+    cost = "–" if price_per_hour is None else usd(prediction.devices * hours * price_per_hour) + estimate
+    return [STRATEGY_LABELS[prediction.strategy], prediction.devices, sig(prediction.comm_bytes / MIB), comm,
+            pct(prediction.bubble_of_compute) if pipelined else "–",
+            pct(prediction.bubble_of_step) if pipelined else "–",
+            duration(prediction.step_s) + estimate, sig(prediction.samples_per_s) + estimate,
+            duration(hours * 3600) + estimate, cost]
+
+
 def scaling_rows(spec: JobSpec, devices: Sequence[int], assumptions: Assumptions, epochs: float,
                  dataset_size: int, priced: bool) -> tuple[list[list], list[list]]:
     """The memory table's and the time table's rows, one per strategy and device count."""
-    estimate = " (est.)"
     price_per_hour = assumptions.usd_per_device_hour or DEFAULT_PRICES[assumptions.device][0]
     memory_rows, time_rows = [], []
     for strategy in STRATEGIES:
@@ -274,19 +379,12 @@ def scaling_rows(spec: JobSpec, devices: Sequence[int], assumptions: Assumptions
             label = STRATEGY_LABELS[strategy]
             if prediction.unsplittable:
                 memory_rows.append([label, ranks, prediction.unsplittable, *["–"] * 5])
-                time_rows.append([label, ranks, prediction.unsplittable, *["–"] * 6])
+                time_rows.append([label, ranks, prediction.unsplittable, *["–"] * (len(TIME_HEADER) - 3)])
                 continue
-            hours = epochs * dataset_size / prediction.samples_per_s / 3600
             memory = [sig(prediction.memory_mib[key]) for key in
                       ("parameters", "gradients", "optimizer_state", "activations", "total")]
             memory_rows.append([label, ranks, *memory, "yes" if prediction.fits else "no"])
-            bubble = f"{sig(100 * prediction.bubble_share, 2)}%" if strategy == "pp" else "–"
-            cost = usd(ranks * hours * price_per_hour) + estimate if priced else "–"
-            time_rows.append([label, ranks, sig(prediction.comm_bytes / MIB),
-                              duration(prediction.comm_s) + estimate, bubble,
-                              duration(prediction.step_s) + estimate,
-                              sig(prediction.samples_per_s) + estimate,
-                              duration(hours * 3600) + estimate, cost])
+            time_rows.append(time_row(prediction, epochs, dataset_size, price_per_hour if priced else None))
     return memory_rows, time_rows
 
 
@@ -303,8 +401,6 @@ def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64),
                 *(count(max_params(spec, strategy, ranks, assumptions)) for ranks in devices)]
                for strategy in STRATEGIES[:4]]
     memory_header = ["strategy", "N", "parameters", "gradients", "optimizer", "activations", "total", "fits"]
-    time_header = ["strategy", "N", "comm/step (MiB)", "comm time", "bubble (share of step)", "step time",
-                   "samples/s", "train time", "cost"]
     return "\n".join([
         f"- model: {spec.model_name or 'unnamed'}, {spec.num_params:,} parameters; {spec.precision} + "
         f"{spec.optimizer}: {state.weights:g} + {state.gradients:g} + {state.optimizer:g} = {state.total:g} "
@@ -313,6 +409,7 @@ def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64),
         f"{sig(spec.activation_bytes_per_sample / MIB)} MiB/sample; step {sig(spec.step_time_ms)} ms "
         f"({spec.step_time_source or 'assumed'})",
         f"- assumed: network: {FABRICS[assumptions.device].source}; {assumptions.gpus_per_node} per node",
+        f"- assumed: latency: {LATENCY_SOURCE}",
         f"- assumed: overlap: {assumptions.overlap_fraction:.0%} of backward; {OVERLAP_SOURCE}",
         f"- assumed: price: {price_text(assumptions)}",
         *([] if priced else [f"- cost: {HOW_TO_PRICE}"]),
@@ -320,6 +417,6 @@ def markdown_tables(spec: JobSpec, devices: Sequence[int] = (1, 8, 64),
         "", "### Per-device memory (MiB)", "",
         table(memory_header, memory_rows),
         "", f"### Communication, time and cost ({epochs:g} epochs of {dataset_size:,} samples)", "",
-        table(time_header, time_rows),
+        table(TIME_HEADER, time_rows),
         "", f"### Largest parameter count that fits {assumptions.device_memory_gib:g} GiB per device", "",
         table(["strategy", *(f"N = {ranks}" for ranks in devices)], largest), ""])

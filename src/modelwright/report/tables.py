@@ -200,9 +200,18 @@ def attention_table(result: Mapping | None) -> str | None:
     return table(header, body)
 
 
+def scaleout_row(prediction: Any, one_device_samples_per_s: float) -> list[str]:
+    efficiency = prediction.samples_per_s / (prediction.devices * one_device_samples_per_s)
+    return [prediction.devices, f"{prediction.samples_per_step:,}", sig(prediction.comm_bytes / 2**20),
+            f"{sig(prediction.comm_s * 1e3, 2)} ms (estimate)",
+            f"{sig(prediction.comm_exposed_s * 1e3, 2)} ms (estimate)",
+            f"{sig(prediction.step_s * 1e3, 2)} ms (estimate)", f"{pct(efficiency)} (estimate)"]
+
+
 def scaleout_table(record: Mapping, devices: Sequence[int] = (1, 8, 512)) -> str | None:
-    """Data parallelism of this record's job at ``devices`` GPUs, by the planner, from an estimated GPU step
-    (:data:`PUBLISHED_A100_FLOPS_PER_S`); None where the record lacks its FLOPs or what the planner needs."""
+    """Data parallelism of this record's job at ``devices`` A100s, by the planner, from an estimated A100 step
+    (:data:`PUBLISHED_A100_FLOPS_PER_S`) and the A100's network; None where the record lacks its FLOPs or
+    what the planner needs."""
     flops = finite(get_path(record, "flops.flops_per_step"))
     if not flops:
         return None
@@ -212,19 +221,17 @@ def scaleout_table(record: Mapping, devices: Sequence[int] = (1, 8, 512)) -> str
         print(f"report: no scale-out table ({err})", file=sys.stderr)
         return None
     spec = dataclasses.replace(measured, step_time_ms=1e3 * flops / PUBLISHED_A100_FLOPS_PER_S)
-    assumptions = planner.Assumptions()
+    # The step's rate and the network are the same GPU's: airbench measured its rate on an A100.
+    assumptions = planner.Assumptions(device="A100 80GB")
     predictions = [planner.predict_step(spec, "dp", gpus, assumptions) for gpus in devices]
-    one_device = predictions[0].samples_per_s
-    body = []
-    for gpus, prediction in zip(devices, predictions, strict=True):
-        efficiency = prediction.samples_per_s / (gpus * one_device)
-        body.append([gpus, f"{prediction.samples_per_step:,}", sig(prediction.comm_bytes / 2**20),
-                     f"{sig(prediction.comm_s * 1e3, 2)} ms (estimate)",
-                     f"{sig(prediction.step_s * 1e3, 2)} ms (estimate)", f"{pct(efficiency)} (estimate)"])
-    between_nodes = assumptions.bandwidth(assumptions.gpus_per_node + 1)
-    knobs = (f"{assumptions.device}, {assumptions.bandwidth(1):g} GB/s per GPU inside a node of "
-             f"{assumptions.gpus_per_node}, {between_nodes:g} GB/s between nodes; overlap_fraction = "
-             f"{assumptions.overlap_fraction}")
+    body = [scaleout_row(prediction, predictions[0].samples_per_s) for prediction in predictions]
+    fabric = planner.scale.FABRICS[assumptions.device]
+    knobs = (f"{assumptions.device}, {fabric.intra_node_gb_per_s:g} GB/s per GPU inside a node of "
+             f"{assumptions.gpus_per_node} and {fabric.inter_node_gb_per_s:g} GB/s per GPU between nodes "
+             f"({fabric.source}); {planner.scale.LATENCY_SOURCE}; gradients in 25 MiB buckets, the last one "
+             f"exposed, the others hidden behind up to {assumptions.overlap_fraction:.0%} of backward "
+             "(backward = 2/3 of the step); rings only: from NCCL 2.4 on, trees take over where a ring's "
+             "2(N−1) latencies dominate, so at hundreds of GPUs the latency here is an upper bound")
     header = ["GPUs", "global batch", "gradient MiB sent per GPU per step", "communication per step",
-              "step time", "scaling efficiency"]
+              "of it exposed", "step time", "scaling efficiency"]
     return table(header, body) + f"\n\nPlanner assumptions: {knobs}."
