@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from modelwright import REPO_ROOT
 from modelwright.errors import ConfigError
 from modelwright.planner import Assumptions, markdown_tables, predict_step, spec_from_record
 from modelwright.planner.memory import param_state_bytes, state_bytes_per_rank
@@ -173,4 +174,75 @@ def test_cli_advisor_reads_the_studys_profile_beside_the_records(tmp_path):
     out = _plan("--record", str(records), "--budget_gib", "1")
     assert out.returncode == 0, out.stderr
     assert "the profile of run profile-x" in out.stdout
-    assert "Recommended: 32-true, 1 × off — predicted peak 19.1 MiB." in out.stdout  # 20 MB = 19.07 MiB
+    # 20 MB = 19.07 MiB; no study records: no step times to show a technique faster
+    assert "Recommended: the plain run, 32-true, 1 × off — predicted peak 19.1 MiB. Why: the plain run fits" \
+        in out.stdout
+
+
+STUDY_RECORDS = REPO_ROOT / "results" / "cpu-amd-epyc-avx2-2cores" / "records.jsonl"
+
+
+def recommendation(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("Recommended:"))
+
+
+def test_with_room_for_everything_the_advisor_recommends_the_plain_run():
+    """16 GiB: everything fits; accumulation's 0.98× is inside the baseline's spread (-7.6% / +7.0%), so it
+    is no reason to accumulate (the advisor chose accumulation 2 for it before)."""
+    out = _plan("--record", str(STUDY_RECORDS), "--budget_gib", "16")
+    assert out.returncode == 0, out.stderr
+    line = recommendation(out.stdout)
+    assert line.startswith("Recommended: the plain run, 32-true, 1 × off")
+    assert "accumulate 0.98× (no measurable change)" in line and "-7.6% / +7.0%" in line
+    assert "step times measured on AMD EPYC, 2 cores, avx2" in out.stdout
+    assert "bf16-mixed 19× (amp, 1 repeat)" in out.stdout  # from the bf16-check folder beside the study
+
+
+def test_with_a_small_budget_the_advisor_recommends_what_fits_and_says_why():
+    out = _plan("--record", str(STUDY_RECORDS), "--budget_gib", "0.3")
+    assert out.returncode == 0, out.stderr
+    line = recommendation(out.stdout)
+    # 4 × 32 is predicted at 324 MiB, over 307 MiB; 8 × 16 at 252 MiB is the first that fits
+    assert line.startswith("Recommended: 32-true, 8 × off")
+    assert "the plain run does not fit (721 MiB)" in line
+
+
+def test_the_table_is_ordered_by_precision_then_checkpointing_then_accumulation():
+    out = _plan("--record", str(STUDY_RECORDS), "--budget_gib", "16")
+    rows = [line.split("|")[1:4] for line in out.stdout.splitlines() if line.startswith("| 32-true")
+            or line.startswith("| bf16-mixed")]
+    keys = [(cells[0].strip(), cells[1].strip(), int(cells[2])) for cells in rows]
+    order = {"32-true": 0, "bf16-mixed": 1, "off": 0, "stage": 1, "block": 2}
+    assert keys == sorted(keys, key=lambda key: (order[key[0]], order[key[1]], key[2])) and len(keys) == 36
+
+
+def test_a_technique_is_recommended_for_a_measurably_faster_step():
+    """bf16 at 0.5× the baseline's step, outside its spread: recommended although fp32 fits too."""
+    from modelwright.planner.advisor import choose, options, step_times
+    from modelwright.record import read_record, read_records
+
+    def timed(name: str, step_ms: float, repeat: int) -> dict:
+        return {"run_id": f"{name}-{repeat}", "status": "ok", "timing": {"step_time_median_ms": step_ms},
+                "study": {"name": name, "kind": "run", "repeat": repeat, "config_hash": name}}
+
+    records = [timed("baseline", ms, i) for i, ms in enumerate((2900, 3000, 3100))]
+    records += [timed("amp", ms, i) for i, ms in enumerate((1450, 1500, 1550))]
+    profile = read_record(STUDY_RECORDS.with_name("profile.json"), validate=False)
+    config = read_records(STUDY_RECORDS)[0]["config"]
+    times = step_times(records)
+    chosen = choose(options(profile, config, 128, times=times), 16 * 1024, times)
+    assert (chosen.option.precision, chosen.option.accumulate, chosen.option.checkpointing) == ("bf16-mixed", 1,
+                                                                                                "off")
+    assert "measurably faster" in chosen.reason and "0.50×" in chosen.reason
+
+
+def test_the_advisor_warns_when_the_times_are_another_machines():
+    from modelwright.planner.advisor import machine_warning
+
+    avx2 = {"accelerator": "cpu", "cpu_model": "AMD EPYC", "cpu_cores": 2, "vector_isa": "avx2"}
+    assert machine_warning(avx2, dict(avx2)) is None
+    warning = machine_warning(avx2, {**avx2, "vector_isa": "avx512"})
+    assert warning.startswith("Warning: the step times are from AMD EPYC, 2 cores, avx2")
+    assert "vector instruction set" in warning
+    gpu = {"accelerator": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "num_devices": 1}
+    assert "GPU" in machine_warning(gpu, {**gpu, "device_name": "NVIDIA A100-SXM4-80GB"})

@@ -153,10 +153,12 @@ def test_slowdowns_are_medians_over_the_repeats_as_in_the_study_table():
 
 
 @pytest.mark.parametrize("budget_mib", [50.0, 30.0])
-def test_advisor_recommendation_fits_and_the_next_cheaper_does_not(profile, budget_mib):
+def test_advisor_recommendation_fits_and_the_simpler_one_before_it_does_not(profile, budget_mib):
+    """One repeat per run shows no technique measurably faster: the advisor takes the first option that fits
+    in its order (precision, checkpointing, accumulation), and the one before it must not fit, measured."""
     choice = recommend(profile, BASE, 32, budget_mib, STUDY)
     ranked = options(profile, BASE, 32, STUDY)
-    cheaper = ranked[ranked.index(choice) - 1]
+    simpler = ranked[ranked.index(choice) - 1]
     assert ranked.index(choice) > 0
 
     def cfg(o):
@@ -164,7 +166,7 @@ def test_advisor_recommendation_fits_and_the_next_cheaper_does_not(profile, budg
                 "data.batch_size": 32 // o.accumulate, "model.gradient_checkpointing": o.checkpointing}
 
     assert measure_peak_mib(cfg(choice)) <= budget_mib
-    assert measure_peak_mib(cfg(cheaper)) > budget_mib
+    assert measure_peak_mib(cfg(simpler)) > budget_mib
 
 
 STUDY_RESULTS = REPO_ROOT / "results" / "cpu-amd-epyc-avx2-2cores"

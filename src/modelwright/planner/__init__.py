@@ -13,7 +13,7 @@ from pathlib import Path
 from jsonargparse.typing import ClosedUnitInterval, PositiveFloat, PositiveInt
 
 from modelwright.errors import ConfigError, require
-from modelwright.planner.advisor import advise, options, recommend, shardings, slowdowns
+from modelwright.planner.advisor import advise, options, recommend, shardings, slowdowns, vector_isa
 from modelwright.planner.peak import largest_batch, predict_peak_mib
 from modelwright.planner.prices import DEFAULT_PRICES
 from modelwright.planner.scale import Assumptions, markdown_tables, predict_step, spec_from_record
@@ -48,7 +48,45 @@ def planned_record(records: Sequence[Mapping], ok: Sequence[Mapping], run_id: st
     wanted = f"record {run_id}" if run_id else "ok single-device record"
     of_model = f" of {model}" if model else ""
     require(bool(matches), f"--record: no {wanted}{of_model} in {str(source)!r}")
-    return matches[0]
+    return median_repeat(matches)
+
+
+def median_repeat(matches: Sequence[Mapping]) -> Mapping:
+    """The repeat of the first match's run and config whose step is the median (the lower of the middle two),
+    so the plan's step is the study table's: the first match where it has no repeats."""
+    first = matches[0]
+    same = [record for record in matches if get_path(record, "study.name") == get_path(first, "study.name")
+            and get_path(record, "study.config_hash") == get_path(first, "study.config_hash")
+            and get_path(record, "timing.step_time_median_ms") is not None]
+    if get_path(first, "study") is None or len(same) < 2:
+        return first
+    same.sort(key=lambda record: get_path(record, "timing.step_time_median_ms"))
+    return same[(len(same) - 1) // 2]
+
+
+def check_records(source: Path) -> list[dict]:
+    """The records of the check folders inside a study's folder (``bf16-check/records.jsonl``: runs the study
+    left out, timed there)."""
+    return [record for path in sorted(source.parent.glob("*/records.jsonl")) for record in read_records(path)]
+
+
+def with_profile_shape(record: Mapping, source: Path) -> Mapping:
+    """The record with the study's profile beside it where it has none (TP and PP need the model's blocks)."""
+    if "profile" in record:
+        return record
+    with suppress(OSError, ValueError):
+        profile = read_record(source.with_name("profile.json"), validate=False)
+        if get_path(profile, "techniques.model_name") == get_path(record, "techniques.model_name"):
+            return {**record, "profile": profile.get("profile")}
+    return record
+
+
+def this_machine() -> dict:
+    """This machine's ``hardware`` section, as a run here would record it, with its vector instruction set."""
+    # Here, not at the top: torch loads only when the advisor compares machines.
+    from modelwright.measure.facts import cpuinfo, hardware_info
+
+    return {**hardware_info(), "vector_isa": vector_isa(flags=cpuinfo().get("flags"))}
 
 
 def profile_for(record: Mapping, source: Path) -> Mapping:
@@ -103,10 +141,11 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
         profile = profile_for(chosen, source)
         label = " of tensor memory (CPU: tensor bytes, not process RSS)" if on_cpu else ""
         step_batch = batch or int(profile["profile"]["batch_size"])
-        print(advise(profile, chosen.get("config", {}), step_batch, budget_gib * 1024, ok, label))
+        print(advise(profile, chosen.get("config", {}), step_batch, budget_gib * 1024, ok, label,
+                     check_records(source), this_machine()))
         return
     try:
-        spec = spec_from_record(chosen)
+        spec = spec_from_record(with_profile_shape(chosen, source))
     except KeyError as err:
         raise ConfigError(f"--record: {err.args[0]}") from None
     if gpu_step_time_ms is not None:
