@@ -11,6 +11,7 @@ import pytest
 from modelwright import REPO_ROOT
 from modelwright.errors import ConfigError
 from modelwright.planner import Assumptions, markdown_tables, predict_step, spec_from_record
+from modelwright.planner.advisor import choose, machine_warning, options, step_times
 from modelwright.planner.memory import param_state_bytes, state_bytes_per_rank
 from modelwright.planner.scale import (
     JobSpec,
@@ -19,6 +20,7 @@ from modelwright.planner.scale import (
     pipeline_bubble_fraction,
     predict_memory_mib,
 )
+from modelwright.record import read_record, read_records
 
 
 def test_bytes_per_parameter_table():
@@ -218,8 +220,6 @@ def test_the_table_is_ordered_by_precision_then_checkpointing_then_accumulation(
 
 def test_a_technique_is_recommended_for_a_measurably_faster_step():
     """bf16 at 0.5× the baseline's step, outside its spread: recommended although fp32 fits too."""
-    from modelwright.planner.advisor import choose, options, step_times
-    from modelwright.record import read_record, read_records
 
     def timed(name: str, step_ms: float, repeat: int) -> dict:
         return {"run_id": f"{name}-{repeat}", "status": "ok", "timing": {"step_time_median_ms": step_ms},
@@ -237,8 +237,6 @@ def test_a_technique_is_recommended_for_a_measurably_faster_step():
 
 
 def test_the_advisor_warns_when_the_times_are_another_machines():
-    from modelwright.planner.advisor import machine_warning
-
     avx2 = {"accelerator": "cpu", "cpu_model": "AMD EPYC", "cpu_cores": 2, "vector_isa": "avx2"}
     assert machine_warning(avx2, dict(avx2)) is None
     warning = machine_warning(avx2, {**avx2, "vector_isa": "avx512"})
@@ -246,3 +244,4 @@ def test_the_advisor_warns_when_the_times_are_another_machines():
     assert "vector instruction set" in warning
     gpu = {"accelerator": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "num_devices": 1}
     assert "GPU" in machine_warning(gpu, {**gpu, "device_name": "NVIDIA A100-SXM4-80GB"})
+    assert "kind of device" in machine_warning(avx2, {**gpu, "cpu_model": "AMD EPYC", "cpu_cores": 2})

@@ -234,8 +234,8 @@ def machine_text(hardware: Mapping) -> str:
 #: The vector instruction sets a results folder's name tells apart, best first (as the study names it: one
 #: CPU model name covers machines with and without AVX-512).
 VECTOR_ISAS = ("avx512", "avx2", "neon", "asimd")
-MACHINE_KEYS = {"cpu_model": "CPU model", "cpu_cores": "core count", "vector_isa": "vector instruction set",
-                "device_name": "GPU"}
+MACHINE_KEYS = {"accelerator": "kind of device", "cpu_model": "CPU model", "cpu_cores": "core count",
+                "vector_isa": "vector instruction set", "device_name": "GPU"}
 
 
 def vector_isa(slug: str | None = None, flags: str | None = None) -> str | None:
@@ -252,8 +252,10 @@ def machine_warning(measured_on: Mapping, this_machine: Mapping) -> str | None:
     and vector instruction set, or its GPU), None when they match or either is unknown."""
     if not measured_on or not this_machine:
         return None
-    on_cpu = measured_on.get("accelerator") == "cpu"
-    keys = ("cpu_model", "cpu_cores", "vector_isa") if on_cpu else ("device_name",)
+    if measured_on.get("accelerator") == "cpu":
+        keys = ("accelerator", "cpu_model", "cpu_cores", "vector_isa")
+    else:
+        keys = ("accelerator", "device_name")
     differs = [MACHINE_KEYS[key] for key in keys if None not in (measured_on.get(key), this_machine.get(key))
                and measured_on.get(key) != this_machine.get(key)]
     if not differs:
