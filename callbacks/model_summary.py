@@ -11,7 +11,7 @@ from lightning.pytorch.utilities.model_summary.model_summary import get_human_re
 from callbacks import _lightning
 from callbacks._glue import unwrap_net
 from modelwright.measure import first_tensor, meta_copy
-from modelwright.report.fmt import flop_count
+from modelwright.fmt import flop_count
 
 
 class FlopsModelSummary(ModelSummary):

@@ -58,7 +58,9 @@ def test_scaleout_marks_every_estimate_and_grows_the_global_batch():
         pytest.skip("the planner's predict_step interface is not available")
     rows = [line.split("|")[1:-1] for line in text.splitlines()[2:] if line.startswith("| ")]
     assert [int(r[0]) for r in rows] == [1, 8, 512] and [int(r[1].replace(",", "")) for r in rows] == [128, 1024, 65536]
-    assert rows[0][4].strip() == "5.5 ms (estimate)"  # 426 GFLOP at 32.3 PFLOP / 420 s
+    assert rows[0][5].strip() == "5.5 ms (estimate)"  # 426 GFLOP at 32.3 PFLOP / 420 s, on an A100
+    assert "A100 80GB" in text and "200 Gb/s HDR" in text  # the network of the GPU whose rate it is
+    assert rows[1][6].strip() != "100% (estimate)"  # the last gradient bucket cannot hide behind backward
     assert all("(estimate)" in c for r in rows for c in r[3:])
 
 

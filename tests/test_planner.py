@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
+from modelwright import REPO_ROOT
 from modelwright.errors import ConfigError
 from modelwright.planner import Assumptions, markdown_tables, predict_step, spec_from_record
+from modelwright.planner.advisor import choose, machine_warning, options, step_times
 from modelwright.planner.memory import param_state_bytes, state_bytes_per_rank
 from modelwright.planner.scale import (
     JobSpec,
@@ -18,6 +20,7 @@ from modelwright.planner.scale import (
     pipeline_bubble_fraction,
     predict_memory_mib,
 )
+from modelwright.record import read_record, read_records
 
 
 def test_bytes_per_parameter_table():
@@ -56,22 +59,38 @@ def test_nvlink_inside_a_node_infiniband_across():
     assert a.bandwidth(8) == 450.0 and a.bandwidth(16) == 50.0
 
 
-def test_step_time_overlap_bubble_and_cost():
+def test_step_time_latency_overlap_and_bubble():
     spec = JobSpec(num_params=1_000_000, micro_batch_size=100, step_time_ms=1000.0)
     one = predict_step(spec, "dp", 1)
     assert one.step_s == pytest.approx(1.0) and one.samples_per_s == pytest.approx(100.0)
-    # 64 ranks cross nodes: 2·4 MB·63/64 at 50 GB/s = 0.1575 ms, hidden behind backward with overlap
-    assert predict_step(spec, "dp", 64, Assumptions(overlap_fraction=0.0)).comm_s == pytest.approx(7.875e-3 / 50)
-    assert predict_step(spec, "dp", 64).step_s == pytest.approx(1.0)
-    slow = Assumptions(inter_node_gb_per_s=0.001, overlap_fraction=1.0)
-    hidden = 2 / 3  # of the 1 s step, backward
-    p = predict_step(spec, "dp", 64, slow)
-    assert p.step_s == pytest.approx(1.0 + p.comm_s - hidden)
+    # 64 ranks cross nodes: 2·4 MB·63/64 at 50 GB/s = 0.1575 ms, plus a ring's 2·63 steps of 5 µs; 4 MB is one
+    # bucket, ready only when backward ends: nothing hides it
+    ring = predict_step(spec, "dp", 64)
+    assert ring.comm_s == pytest.approx(7.875e-3 / 50 + 2 * 63 * 5e-6)
+    assert ring.step_s == pytest.approx(1.0 + ring.comm_s)
+    # 100 M fp32 parameters: 400 MB in 16 buckets of 25 MiB; the last one's share is exposed, the rest hides
+    # behind the backward (2/3 of the step) until that is used up
+    big = JobSpec(num_params=100_000_000, micro_batch_size=100, step_time_ms=1000.0)
+    slow = predict_step(big, "dp", 64, Assumptions(inter_node_gb_per_s=0.5, overlap_fraction=1.0))
+    assert slow.comm_exposed_s == pytest.approx(slow.comm_s / 16 + (slow.comm_s * 15 / 16 - 2 / 3))
+    assert slow.step_s == pytest.approx(1.0 + slow.comm_exposed_s)
     assert pipeline_bubble_fraction(4, 8) == pytest.approx(3 / 8)
     assert pipeline_bubble_fraction(4, 8, interleave=2) == pytest.approx(3 / 16)
     pp = predict_step(JobSpec(num_params=10, micro_batch_size=1, step_time_ms=1000, num_layers=8), "pp", 4,
                       Assumptions(pp_microbatches=8))
-    assert pp.bubble_share == pytest.approx((3 / 8) / (1 + 3 / 8))
+    assert pp.bubble_of_compute == pytest.approx(3 / 8)  # of the ideal compute
+    assert pp.bubble_of_step == pytest.approx(3 / (8 + 4 - 1))  # of the whole step
+
+
+def test_a_pipeline_of_one_stage_is_the_measured_step():
+    """PP splits the measured step's batch into micro-batches: at N = 1 it is the measured step, at N = 4
+    a quarter of it plus the bubble, always with the measured batch (was: m × the step, m × the samples)."""
+    spec = JobSpec(num_params=10, micro_batch_size=128, step_time_ms=3240.0, num_layers=8)
+    one = predict_step(spec, "pp", 1)
+    assert one.step_s == pytest.approx(3.24) and one.samples_per_step == 128
+    assert one.samples_per_s == pytest.approx(predict_step(spec, "dp", 1).samples_per_s)
+    four = predict_step(spec, "pp", 4)  # m = 16 micro-batches of 8
+    assert four.step_s == pytest.approx(3.24 / 4 * (1 + 3 / 16), rel=1e-3) and four.samples_per_step == 128
 
 
 def test_tables_price_the_job_and_give_every_row_its_header_width():
@@ -130,7 +149,8 @@ def test_cli_tables_never_price_a_cpu_step_at_gpu_rates(tmp_path):
     records.write_text(json.dumps(_record()) + "\n")
     out = _plan("--record", str(records), "--devices", "[1, 8, 64]")
     assert out.returncode == 0, out.stderr
-    assert "| ZeRO-2 | 8 |" in out.stdout and "not priced" in out.stdout and "(est.)" in out.stdout
+    assert "| ZeRO-2 | 8 |" in out.stdout and "(est.)" in out.stdout
+    assert out.stdout.count("not priced") == 1 and "pass --price_per_hour" in out.stdout  # once, with the fix
     assert "measured, run r1" in out.stdout and "2026-05" in out.stdout
     priced = _plan("--record", str(records), "--gpu_step_time_ms", "5").stdout
     assert "$" in priced and "not priced" not in priced
@@ -156,4 +176,72 @@ def test_cli_advisor_reads_the_studys_profile_beside_the_records(tmp_path):
     out = _plan("--record", str(records), "--budget_gib", "1")
     assert out.returncode == 0, out.stderr
     assert "the profile of run profile-x" in out.stdout
-    assert "Recommended: 32-true, 1 × off — predicted peak 19.1 MiB." in out.stdout  # 20 MB = 19.07 MiB
+    # 20 MB = 19.07 MiB; no study records: no step times to show a technique faster
+    assert "Recommended: the plain run, 32-true, 1 × off — predicted peak 19.1 MiB. Why: the plain run fits" \
+        in out.stdout
+
+
+STUDY_RECORDS = REPO_ROOT / "results" / "cpu-amd-epyc-avx2-2cores" / "records.jsonl"
+
+
+def recommendation(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("Recommended:"))
+
+
+def test_with_room_for_everything_the_advisor_recommends_the_plain_run():
+    """16 GiB: everything fits; accumulation's 0.98× is inside the baseline's spread (-7.6% / +7.0%), so it
+    is no reason to accumulate (the advisor chose accumulation 2 for it before)."""
+    out = _plan("--record", str(STUDY_RECORDS), "--budget_gib", "16")
+    assert out.returncode == 0, out.stderr
+    line = recommendation(out.stdout)
+    assert line.startswith("Recommended: the plain run, 32-true, 1 × off")
+    assert "accumulate 0.98× (no measurable change)" in line and "-7.6% / +7.0%" in line
+    assert "step times measured on AMD EPYC, 2 cores, avx2" in out.stdout
+    assert "bf16-mixed 19× (amp, 1 repeat)" in out.stdout  # from the bf16-check folder beside the study
+
+
+def test_with_a_small_budget_the_advisor_recommends_what_fits_and_says_why():
+    out = _plan("--record", str(STUDY_RECORDS), "--budget_gib", "0.3")
+    assert out.returncode == 0, out.stderr
+    line = recommendation(out.stdout)
+    # 4 × 32 is predicted at 324 MiB, over 307 MiB; 8 × 16 at 252 MiB is the first that fits
+    assert line.startswith("Recommended: 32-true, 8 × off")
+    assert "the plain run does not fit (721 MiB)" in line
+
+
+def test_the_table_is_ordered_by_precision_then_checkpointing_then_accumulation():
+    out = _plan("--record", str(STUDY_RECORDS), "--budget_gib", "16")
+    rows = [line.split("|")[1:4] for line in out.stdout.splitlines() if line.startswith("| 32-true")
+            or line.startswith("| bf16-mixed")]
+    keys = [(cells[0].strip(), cells[1].strip(), int(cells[2])) for cells in rows]
+    order = {"32-true": 0, "bf16-mixed": 1, "off": 0, "stage": 1, "block": 2}
+    assert keys == sorted(keys, key=lambda key: (order[key[0]], order[key[1]], key[2])) and len(keys) == 36
+
+
+def test_a_technique_is_recommended_for_a_measurably_faster_step():
+    """bf16 at 0.5× the baseline's step, outside its spread: recommended although fp32 fits too."""
+
+    def timed(name: str, step_ms: float, repeat: int) -> dict:
+        return {"run_id": f"{name}-{repeat}", "status": "ok", "timing": {"step_time_median_ms": step_ms},
+                "study": {"name": name, "kind": "run", "repeat": repeat, "config_hash": name}}
+
+    records = [timed("baseline", ms, i) for i, ms in enumerate((2900, 3000, 3100))]
+    records += [timed("amp", ms, i) for i, ms in enumerate((1450, 1500, 1550))]
+    profile = read_record(STUDY_RECORDS.with_name("profile.json"), validate=False)
+    config = read_records(STUDY_RECORDS)[0]["config"]
+    times = step_times(records)
+    chosen = choose(options(profile, config, 128, times=times), 16 * 1024, times)
+    assert (chosen.option.precision, chosen.option.accumulate, chosen.option.checkpointing) == ("bf16-mixed", 1,
+                                                                                                "off")
+    assert "measurably faster" in chosen.reason and "0.50×" in chosen.reason
+
+
+def test_the_advisor_warns_when_the_times_are_another_machines():
+    avx2 = {"accelerator": "cpu", "cpu_model": "AMD EPYC", "cpu_cores": 2, "vector_isa": "avx2"}
+    assert machine_warning(avx2, dict(avx2)) is None
+    warning = machine_warning(avx2, {**avx2, "vector_isa": "avx512"})
+    assert warning.startswith("Warning: the step times are from AMD EPYC, 2 cores, avx2")
+    assert "vector instruction set" in warning
+    gpu = {"accelerator": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "num_devices": 1}
+    assert "GPU" in machine_warning(gpu, {**gpu, "device_name": "NVIDIA A100-SXM4-80GB"})
+    assert "kind of device" in machine_warning(avx2, {**gpu, "cpu_model": "AMD EPYC", "cpu_cores": 2})

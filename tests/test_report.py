@@ -13,7 +13,8 @@ from modelwright import report
 from modelwright.__main__ import main as cli
 from modelwright.errors import ConfigError
 from modelwright.record import read_records
-from modelwright.report import fmt, readme, tables
+from modelwright import fmt, study_rows
+from modelwright.report import readme, tables
 
 DATA = Path(__file__).resolve().parent / "data"
 FIXTURE = DATA / "records_fixture.jsonl"
@@ -66,7 +67,7 @@ def cells(text: str, run: str) -> list[str]:
 
 
 def test_main_table_rows_match_hand_computed_figures():
-    rows = tables.build_rows(small_study())
+    rows = study_rows.build_rows(small_study())
     text = tables.main_table(rows)
     base = cells(text, "baseline")
     assert base[2:8] == ["700", "1.0×", "2,100", "2,000–2,200 (3)", "1.0×", "no measurable change"]
@@ -76,18 +77,35 @@ def test_main_table_rows_match_hand_computed_figures():
     assert cells(text, "checkpointing-block")[6:8] == ["1.2×", "slower"]  # 2550/2100 = 1.21
     assert cells(text, "compile")[2] == "not measured"  # the tracker saw eager code
     assert base[9] == "50%" and "| MFU |" in text
-    assert base[10] == "2.20"  # mean loss of steps 2..4: (2.3 + 2.2 + 2.1) / 3
-    assert cells(text, "short")[10] == "–"  # 3 steps × 128 samples ≠ the baseline's 4 × 128
+    assert base[10:12] == ["not measured", "not measured"]  # no epoch record: no time or cost per epoch
+    assert base[13] == "2.20"  # mean loss of steps 2..4: (2.3 + 2.2 + 2.1) / 3
+    assert cells(text, "short")[13] == "–"  # 3 steps × 128 samples ≠ the baseline's 4 × 128
 
 
 def test_verdict_needs_the_baselines_repeat_spread():
-    assert tables.verdict(1.07, 0.10) == "no measurable change"  # was "slower" when 3 steps of one run decided
-    assert tables.verdict(0.85, 0.10) == "faster" and tables.verdict(1.15, 0.10) == "slower"
-    assert tables.verdict(0.56, None) == "no verdict (1 repeat)"
+    band = study_rows.SpreadBand(-0.076, 0.070)  # repeats 2,800 and 3,240 about a median of 3,030
+    assert study_rows.verdict(1.07, band) == "no measurable change"  # was "slower" when 3 steps of one run decided
+    assert study_rows.verdict(0.93, band) == "no measurable change"
+    assert study_rows.verdict(0.92, band) == "faster" and study_rows.verdict(1.08, band) == "slower"
+    assert study_rows.verdict(0.56, None) == "no verdict (1 repeat)"
+
+
+def test_the_band_is_the_repeats_min_and_max_about_their_median_not_twice_it():
+    """The committed baseline's repeats, 3,241 / 3,030 / 2,799 ms, spread -7.6% / +7.0% about their median:
+    (max − min) / median would call it ±15%."""
+    steps = (3241.47, 3030.14, 2799.26)
+    records = [rec("baseline", ms, 700, repeat) for repeat, ms in enumerate(steps)]
+    records += [rec("accumulate", 3030.14 * 1.10, 320, repeat, index=1) for repeat in range(3)]
+    rows = {row.name: row for row in study_rows.build_rows(records)}
+    band = rows["baseline"].band
+    assert (band.low, band.high) == (pytest.approx(2799.26 / 3030.14 - 1), pytest.approx(3241.47 / 3030.14 - 1))
+    assert band.text() == "-7.6% / +7.0%"
+    # 1.10× the baseline leaves the band (+7.0%); the doubled band (±15%) would have called it no change
+    assert rows["accumulate"].verdict == "slower"
 
 
 def test_a_baseline_of_one_repeat_gives_no_verdict():
-    text = tables.main_table(tables.build_rows([rec("baseline", 2000, 700), rec("amp", 1000, 400, index=1)]))
+    text = tables.main_table(study_rows.build_rows([rec("baseline", 2000, 700), rec("amp", 1000, 400, index=1)]))
     assert cells(text, "amp")[5:8] == ["– (1 repeat)", "0.50×", "no verdict (1 repeat)"]
 
 
@@ -156,19 +174,19 @@ def test_inline_values_fill_a_hand_written_sentence(tmp_path):
                    "<!-- v:cpu-x:amp:peak:start --><!-- v:cpu-x:amp:peak:end -->.\n", encoding="utf-8")
     readme.update([doc], tmp_path / "results")
     assert "-->0.71×<!--" in doc.read_text() and "-->350 MiB<!--" in doc.read_text()
-    assert "-->±13%<!--" in doc.read_text()  # the run's own repeats: 200 / 1500
+    assert "-->-6.7% / +6.7%<!--" in doc.read_text()  # the run's own repeats: 1400 and 1600 about 1500
 
 
 def test_fixture_rows_take_the_latest_config_and_the_median_of_repeats():
     records = read_records(FIXTURE)
-    rows = {r.name: r for r in tables.build_rows(records)}
+    rows = {r.name: r for r in study_rows.build_rows(records)}
     assert list(rows) == ["baseline", "amp", "checkpointing-block", "all"]  # plan order, stray record ignored
     amp = rows["amp"]
-    assert amp.v["repeats"] == 2 and amp.v["step_ms"] == pytest.approx(2950.0)  # 2900 and 3000, not 9999
-    assert amp.v["step_lo"] == 2900.0 and amp.v["step_hi"] == 3000.0
+    assert amp.figures.repeats == 2 and amp.figures.step_ms == pytest.approx(2950.0)  # 2900 and 3000, not 9999
+    assert amp.figures.step_lo == 2900.0 and amp.figures.step_hi == 3000.0
     assert amp.reference is rows["baseline"] and rows["all"].reference is rows["baseline"]
     assert rows["checkpointing-block"].status == "failed"
-    budget = {b.name: b for b in tables.build_budget_rows(records, list(rows.values()))}
+    budget = {b.name: b for b in study_rows.build_budget_rows(records, list(rows.values()))}
     assert budget["all"].attempts == 2 and budget["baseline"].attempts == 1  # the probe (attempt 0) not counted
     assert budget["all"].batch == 470 and budget["all"].fits
     assert budget["all"].vs_reference == pytest.approx(470 / 76)
@@ -223,5 +241,52 @@ def test_a_check_folder_inside_a_study_gives_figures_and_predictions_not_a_resul
     write(tmp_path / "cpu-x" / "bf16-check", [amp])
     sections = readme.Sections(tmp_path, tmp_path)
     assert sections.value("cpu-x/bf16-check", "amp", "step") == "60,000 ms"
-    assert "| amp | cpu-x/bf16-check | 459 | 450 | +2.0% | within |" in sections("predictions")
+    assert "| amp | cpu-x/bf16-check | 459 | 450 | +2.0% | not by category | total within |" in sections("predictions")
     assert "bf16-check" not in sections("results") and "`cpu-x`" in sections("results")
+
+
+def test_prediction_table_judges_every_category_not_the_total(tmp_path):
+    """A total within 5% can hide a category that misses: the row names its worst category and fails."""
+    amp = rec("amp", 60000, 450, precision="bf16-mixed")  # measured: 40 + 40 + 80 + 290 activations + 0
+    amp["prediction"] = {"predicted_mib": {"parameters": 40.0, "gradients": 40.0, "optimizer_state": 80.0,
+                                           "activations": 289.0, "temporaries": 10.0, "total": 459.0}}
+    write(tmp_path / "cpu-x", [amp])
+    row = cells(readme.Sections(tmp_path, tmp_path)("predictions"), "amp")
+    assert row[2:5] == ["459", "450", "+2.0%"]  # the total alone would pass
+    assert row[5] == "temporaries 10.0 vs 0 MiB (+10 MiB)"  # 8 MiB over its 2 MiB tolerance
+    assert row[6] == "misses: temporaries"  # activations 1 MiB under: within 5% of 290
+
+
+def epoch_record(name: str, time_s: float, steps: int, validation_s: float, index: int = 0) -> dict:
+    """A study's full-epoch record of plan entry ``name`` (``study.kind`` epoch)."""
+    record = rec(name, 2000, 700, index=index)
+    record["run_id"] = f"{name}-epoch"
+    record["study"] = {**record["study"], "kind": "epoch", "config_hash": f"{name}-epoch"}
+    record["timing"].update(epoch_time_s=time_s, epoch_steps=steps, epoch_validation_s=validation_s,
+                            epoch_validations=2)
+    return record
+
+
+def test_time_and_cost_per_epoch_from_the_latest_epoch_record(tmp_path):
+    records = small_study()
+    records += [epoch_record("baseline", 90.0, 32, 6.0), epoch_record("baseline", 72.0, 32, 8.0)]  # the latest
+    failed = epoch_record("amp", 10.0, 32, 1.0, index=2)
+    failed["status"] = "failed"
+    records.append(failed)
+    rows = study_rows.build_rows(records)
+    text = tables.main_table(rows)
+    # 72 s on 2 vCPU at $0.0408 per vCPU-hour: $0.00163; 1,000 samples at 128 / 2.1 s = 61 samples/s: 16.4 s
+    assert cells(text, "baseline")[10:13] == ["72 s", "$0.0016", "$0.00037"]
+    assert cells(text, "amp")[10:12] == ["not measured", "not measured"]  # its only epoch record failed
+    epochs = tables.epoch_table(rows)
+    assert "| baseline | 72 s | 32 | 2 s | 2 | 8 s | 11% | baseline-epoch |" in epochs  # (72 − 8) / 32
+    notes = " ".join(tables.price_notes(rows))
+    assert "2 vCPU at $0.0816/h" in notes and "2026-06-17" in notes
+    folder = write(tmp_path / "cpu-x", records)
+    report.generate(folder, plots=False)
+    summary = json.loads((folder / "summary.json").read_text())
+    baseline = next(run for run in summary["runs"] if run["name"] == "baseline")
+    assert baseline["epoch"]["time_s"] == 72.0 and baseline["epoch"]["validation_share"] == pytest.approx(8 / 72)
+    assert baseline["cost_usd"]["per_epoch"] == pytest.approx(72 / 3600 * 2 * 0.0408)
+    assert baseline["cost_usd"]["estimate"] is True
+    assert "## Time per epoch" in (folder / "table.md").read_text()

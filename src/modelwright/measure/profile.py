@@ -3,6 +3,9 @@ technique's peak from: per module in forward order, the storages autograd saved 
 module that saved it) by dtype and kind (``batch``, ``fixed``: per-channel, ``param``, ``cast``: a weight
 autocast copies to 16 bits, ``input``: the batch), MemTracker's figures at its backward peak, and its
 checkpoint segments.
+
+Version 2 writes each storage as ``{"owner", "bytes", "kind", "dtype"}`` (version 1: the list
+``[owner, bytes, kind, dtype]``); ``modelwright.planner.step_profile`` reads both.
 """
 
 import warnings
@@ -40,7 +43,7 @@ def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
     units: list[dict[str, Any]] = []
     unit_of: dict[nn.Module, int] = {}
     stack: list[nn.Module] = []
-    storages: dict[int, list] = {}  # storage pointer -> [unit, bytes, kind, dtype]
+    storages: dict[Any, dict[str, Any]] = {}  # storage pointer -> {"owner": unit, "bytes", "kind", "dtype"}
     seg_inputs: dict[str, dict[int, list]] = {g: {} for g in segments}  # granularity -> segment -> its input
 
     def unit(mod: nn.Module | None) -> int:
@@ -74,8 +77,9 @@ def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
         kind = "param" if key in params else "input" if key in outside else _kind(t, batch_size)
         if kind == "param" and units[owner]["type"] in AUTOCAST_16BIT:
             kind, key = "cast", (key, owner)  # each module that saves a weight casts its own copy
-        if key not in storages or (isinstance(key, int) and owner < storages[key][0]):
-            storages[key] = [owner, st.nbytes(), kind, str(t.dtype).removeprefix("torch.")]
+        if key not in storages or (isinstance(key, int) and owner < storages[key]["owner"]):
+            storages[key] = {"owner": owner, "bytes": st.nbytes(), "kind": kind,
+                             "dtype": str(t.dtype).removeprefix("torch.")}
         return t
 
     hooks = [h for m in model.modules() for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
@@ -96,8 +100,9 @@ def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
             units[index]["backward"] = {k: at_peak[k] for k in ("gradients", "activations", "temporaries")}
     peak = by_category(tracker.get_tracker_snapshot("peak"), device)
     return {
-        "version": 1, "batch_size": batch_size, "units": units, "storages": list(storages.values()),
-        "segments": {g: [{"input_bytes": inp[1], "input_kind": inp[2], "input_owner": storages.get(inp[0], [None])[0],
+        "version": 2, "batch_size": batch_size, "units": units, "storages": list(storages.values()),
+        "segments": {g: [{"input_bytes": inp[1], "input_kind": inp[2],
+                          "input_owner": storages.get(inp[0], {}).get("owner"),
                           "param_bytes": sum(p.numel() * p.element_size() for p in seg.parameters())}
                          for i, seg in enumerate(mods) for inp in [seg_inputs[g].get(i, [None, 0, "batch"])]]
                      for g, mods in segments.items()},

@@ -1,118 +1,106 @@
-"""The planner: per-rank memory (:mod:`.memory`), communication, step time and cost at N devices (:mod:`.scale`), and
-the advisor for a memory budget. Every figure printed is labelled measured (with its run id) or assumed (its source)."""
+"""The planner: per-rank memory (:mod:`.memory`), communication, step time and cost at N devices
+(:mod:`.scale`), and the advisor for a memory budget (:mod:`.advisor`). Every figure printed is labelled
+measured (with its run id) or assumed (its source).
+
+To run: ``uv run python -m modelwright plan --budget_gib 16``.
+"""
 
 import dataclasses
-import itertools
-import math
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
-from typing import NamedTuple
 
 from jsonargparse.typing import ClosedUnitInterval, PositiveFloat, PositiveInt
 
 from modelwright.errors import ConfigError, require
-from modelwright.planner import memory
-from modelwright.planner.memory import MIB, _cfg, largest_batch, param_state_bytes, predict_peak_mib
-from modelwright.planner.scale import (
-    DEFAULT_PRICES,
-    Assumptions,
-    markdown_tables,
-    predict_step,
-    spec_from_record,
-)
+from modelwright.planner.advisor import advise, options, recommend, shardings, slowdowns, vector_isa
+from modelwright.planner.peak import largest_batch, predict_peak_mib
+from modelwright.planner.prices import DEFAULT_PRICES
+from modelwright.planner.scale import Assumptions, markdown_tables, predict_step, spec_from_record
 from modelwright.record import get_path, read_record, read_records
-from modelwright.report.fmt import sig, table
 
 __all__ = ["Assumptions", "advise", "largest_batch", "markdown_tables", "options", "plan", "predict_peak_mib",
-           "predict_step", "recommend", "spec_from_record"]
-#: The study run whose step time, over the baseline's, is each technique's slowdown.
-TECHNIQUE_RUNS = {"bf16-mixed": "amp", "stage": "checkpointing-stage", "block": "checkpointing-block",
-                  "accumulate": "accumulate"}
+           "predict_step", "recommend", "shardings", "slowdowns", "spec_from_record"]
 
 
-class Option(NamedTuple):
-    precision: str
-    accumulate: int
-    checkpointing: str
-    peak_mib: float
-    step_ms: float | None
+def newest_records() -> Path | None:
+    """The newest study that profiled its baseline (the advisor needs the profile), else the newest at all."""
+    candidates = Path("results").glob("*/records.jsonl")
+
+    def preference(path: Path) -> tuple:
+        return (path.parent / "profile.json").is_file(), path.stat().st_mtime
+
+    return max(candidates, default=None, key=preference)
 
 
-def slowdowns(records: Sequence[Mapping]) -> tuple[dict[str, tuple[float, str]], float | None]:
-    """Each technique's measured slowdown over the baseline, as the study's table has it (medians over the repeats
-    of each run's latest config), with where it comes from, and the baseline's step ms (or None)."""
-    from modelwright.report.tables import build_rows  # here: report.tables imports the planner too
-
-    rows = {r.name: r for r in build_rows(records) if r.ok and r.v["step_ms"]}
-    base = rows["baseline"].v["step_ms"] if "baseline" in rows else None
-    return {t: (rows[run].v["step_ms"] / base, f"{run}, {rows[run].v['repeats']} repeats")
-            for t, run in TECHNIQUE_RUNS.items() if base and run in rows}, base
+def is_ok_of_model(record: Mapping, model: str | None) -> bool:
+    return record.get("status") == "ok" and model in (None, get_path(record, "techniques.model_name"))
 
 
-def options(profile_record: Mapping, config: Mapping, batch: int, records: Sequence[Mapping] = ()) -> list[Option]:
-    """Every precision × accumulation × checkpointing at ``batch`` samples per step, with its predicted peak and step
-    time: fastest first, and without times, fewest techniques first (each costs time or precision)."""
-    prof = profile_record.get("profile", profile_record)
-    slow, base_ms = slowdowns(records)
-    out = []
-    accumulations = [a for a in (1, 2, 4, 8, 16, 32) if batch % a == 0]
-    for precision, acc, ckpt in itertools.product(("32-true", "bf16-mixed"), accumulations, ("off", *prof["segments"])):
-        cfg = {**config, "trainer.precision": precision, "trainer.accumulate_grad_batches": acc,
-               "data.batch_size": batch // acc, "model.gradient_checkpointing": ckpt}
-        used = [t for t in (precision, "accumulate" if acc > 1 else None, ckpt) if t not in (None, "32-true", "off")]
-        known = base_ms and all(t in slow for t in used)
-        step = math.prod([base_ms * batch / prof["batch_size"], *(slow[t][0] for t in used)]) if known else None
-        out.append(Option(precision, acc, ckpt, predict_peak_mib(profile_record, cfg)["total"], step))
-    return sorted(out, key=lambda o: (o.step_ms is None, o.step_ms or 0, o.accumulate, o.checkpointing != "off",
-                                      o.checkpointing == "block", o.precision != "32-true"))
+def planned_record(records: Sequence[Mapping], ok: Sequence[Mapping], run_id: str | None, model: str | None,
+                   source: Path) -> Mapping:
+    """The record to plan from: ``run_id``'s, else the single-device baseline, a profiled one first."""
+    if run_id is not None:
+        matches = [record for record in records if str(record.get("run_id")) == run_id]
+    else:
+        matches = [record for record in ok if int(get_path(record, "techniques.world_size", 1) or 1) == 1]
+        matches.sort(key=lambda found: ("profile" not in found, get_path(found, "study.name") != "baseline"))
+    wanted = f"record {run_id}" if run_id else "ok single-device record"
+    of_model = f" of {model}" if model else ""
+    require(bool(matches), f"--record: no {wanted}{of_model} in {str(source)!r}")
+    return median_repeat(matches)
 
 
-def shardings(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float) -> list[tuple[str, int, float]]:
-    """The fewest ranks at which ZeRO-1, ZeRO-2 and FSDP2 fit ``budget_mib`` (per-rank batch = batch / N)."""
-    psi = profile_record.get("profile", profile_record)["parameters"]
-    state = param_state_bytes(_cfg(config, "trainer.precision", "32-true"), _cfg(config, "model.optimizer", "adamw"))
-    full, found = memory.state_bytes_per_rank(psi, state, "dp", 1), []
-    for name in ("zero1", "zero2", "fsdp"):
-        for n in (n for n in (2, 4, 8, 16, 32, 64, 128, 256, 512) if batch % n == 0):
-            cfg = {**config, "data.batch_size": batch // n}
-            if name == "fsdp":
-                fsdp = {**cfg, "trainer.strategy": "fsdp", "trainer.devices": n}
-                peak = predict_peak_mib(profile_record, fsdp)["total"]
-            else:  # ZeRO-1/2: one device's peak less the state they shard away
-                sharded = memory.state_bytes_per_rank(psi, state, name, n)
-                peak = predict_peak_mib(profile_record, cfg)["total"] - sum(full[k] - sharded[k] for k in full) / MIB
-            if peak <= budget_mib:
-                found.append((name, n, peak))
-                break
-    return found
+def median_repeat(matches: Sequence[Mapping]) -> Mapping:
+    """The repeat of the first match's run and config whose step is the median (the lower of the middle two),
+    so the plan's step is the study table's: the first match where it has no repeats."""
+    first = matches[0]
+    same = [record for record in matches if get_path(record, "study.name") == get_path(first, "study.name")
+            and get_path(record, "study.config_hash") == get_path(first, "study.config_hash")
+            and get_path(record, "timing.step_time_median_ms") is not None]
+    if get_path(first, "study") is None or len(same) < 2:
+        return first
+    same.sort(key=lambda record: get_path(record, "timing.step_time_median_ms"))
+    return same[(len(same) - 1) // 2]
 
 
-def recommend(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float,
-              records: Sequence[Mapping] = ()) -> Option | None:
-    """The advisor's choice: the first option that fits (fastest predicted, else fewest techniques), or None."""
-    return next((o for o in options(profile_record, config, batch, records) if o.peak_mib <= budget_mib), None)
+def check_records(source: Path) -> list[dict]:
+    """The records of the check folders inside a study's folder (``bf16-check/records.jsonl``: runs the study
+    left out, timed there)."""
+    return [record for path in sorted(source.parent.glob("*/records.jsonl")) for record in read_records(path)]
 
 
-def advise(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float,
-           records: Sequence[Mapping] = (), budget_label: str = "") -> str:
-    """Markdown: every option with its predicted peak and step time, and the recommendation (or the sharding)."""
-    opts, (slow, _) = options(profile_record, config, batch, records), slowdowns(records)
-    best = next((o for o in opts if o.peak_mib <= budget_mib), None)
-    times = ("predicted from measured slowdowns: " + ", ".join(f"{t} {sig(f, 2)}× ({rid})" for t, (f, rid) in
-                                                              slow.items())) if slow else "unknown (no study records)"
-    lines = [f"Budget {sig(budget_mib / 1024)} GiB{budget_label}; batch {batch}; peaks predicted from the profile of "
-             f"run {profile_record.get('run_id', 'the profile')}; step times {times}", "",
-             table(["precision", "accumulation", "checkpointing", "predicted peak (MiB)", "predicted step", "fits"],
-                   [[o.precision, o.accumulate, o.checkpointing, sig(o.peak_mib),
-                     sig(o.step_ms, 3, " ms") if o.step_ms else "unknown", "yes" if o.peak_mib <= budget_mib else "no"]
-                    for o in opts]), ""]
-    if best:
-        return "\n".join([*lines, f"Recommended: {best.precision}, {best.accumulate} × {best.checkpointing} — "
-                                  f"predicted peak {sig(best.peak_mib)} MiB."])
-    return "\n".join([*lines, "Nothing fits one device. " + ("; ".join(
-        f"{name} over {n} ranks fits ({sig(p)} MiB per rank)" for name, n, p in
-        shardings(profile_record, config, batch, budget_mib)) or "No sharding up to 512.")])
+def with_profile_shape(record: Mapping, source: Path) -> Mapping:
+    """The record with the study's profile beside it where it has none (TP and PP need the model's blocks)."""
+    if "profile" in record:
+        return record
+    with suppress(OSError, ValueError):
+        profile = read_record(source.with_name("profile.json"), validate=False)
+        if get_path(profile, "techniques.model_name") == get_path(record, "techniques.model_name"):
+            return {**record, "profile": profile.get("profile")}
+    return record
+
+
+def this_machine() -> dict:
+    """This machine's ``hardware`` section, as a run here would record it, with its vector instruction set."""
+    # Here, not at the top: torch loads only when the advisor compares machines.
+    from modelwright.measure.facts import cpuinfo, hardware_info
+
+    return {**hardware_info(), "vector_isa": vector_isa(flags=cpuinfo().get("flags"))}
+
+
+def profile_for(record: Mapping, source: Path) -> Mapping:
+    """The record itself if it holds a profile, else the study's ``profile.json`` beside the records, if that
+    is of the record's model."""
+    profile = record
+    if "profile" not in record:
+        with suppress(OSError, ValueError):
+            profile = read_record(source.with_name("profile.json"), validate=False)
+    same_model = get_path(profile, "techniques.model_name") == get_path(record, "techniques.model_name")
+    require("profile" in profile and same_model, f"--record: run {record.get('run_id')} has no profile and "
+            "there is no profile.json of its model beside the records; run the study (it profiles the "
+            "baseline) first")
+    return profile
 
 
 def plan(record: Path | None = None, run_id: str | None = None, model: str | None = None,
@@ -124,12 +112,13 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
     """Print the planner's Markdown: the advisor for a memory budget, or the scaling tables.
 
     Args:
-        record: records.jsonl to read (default: the newest results/*/records.jsonl with a profile.json beside it).
+        record: records.jsonl to read (default: the newest results/*/records.jsonl with a profile.json beside
+            it).
         run_id: the record to plan from (default: the single-device baseline, a profiled one first).
         model: the model whose baseline to use (resnet18, smallcnn, vit).
         batch: samples per optimizer step for the advisor (default: the record's).
-        budget_gib: memory per device in GiB; with it the advisor runs (on CPU: tensor bytes, not RSS), from the
-            record's profile or the study's profile.json beside the records.
+        budget_gib: memory per device in GiB; with it the advisor runs (on CPU: tensor bytes, not RSS), from
+            the record's profile or the study's profile.json beside the records.
         devices: device counts N for the scaling tables.
         device: the GPU priced and networked (a key of DEFAULT_PRICES).
         overlap: share of the backward pass that communication hides behind, in [0, 1].
@@ -139,39 +128,30 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
         epochs: epochs of the priced job.
         dataset_size: samples per epoch."""
     require(device in DEFAULT_PRICES, f"--device: unknown {device!r}; valid: {', '.join(DEFAULT_PRICES)}")
-    # Default: the newest study that profiled its baseline (the advisor needs the profile), else the newest at all.
-    record = record or max(Path("results").glob("*/records.jsonl"), default=None,
-                           key=lambda f: ((f.parent / "profile.json").is_file(), f.stat().st_mtime))
-    require(record is not None, "--record: no results/*/records.jsonl to read; run `python -m modelwright study`")
-    require(Path(record).is_file(), f"--record: no such file {str(record)!r}")
-    records = read_records(Path(record))
-    ok = [r for r in records if r.get("status") == "ok" and model in (None, get_path(r, "techniques.model_name"))]
-    if run_id is not None:
-        matches = [r for r in records if str(r.get("run_id")) == run_id]
-    else:  # the single-device baseline, a profiled one first
-        matches = [r for r in ok if int(get_path(r, "techniques.world_size", 1) or 1) == 1]
-        matches.sort(key=lambda r: ("profile" not in r, get_path(r, "study.name") != "baseline"))
-    require(bool(matches), f"--record: no {'record ' + run_id if run_id else 'ok single-device record'}"
-            f"{' of ' + model if model else ''} in {str(record)!r}")
-    rec, cpu = matches[0], get_path(matches[0], "hardware.accelerator") == "cpu"
+    source = record or newest_records()
+    require(source is not None,
+            "--record: no results/*/records.jsonl to read; run `python -m modelwright study`")
+    source = Path(source)
+    require(source.is_file(), f"--record: no such file {str(source)!r}")
+    records = read_records(source)
+    ok = [found for found in records if is_ok_of_model(found, model)]
+    chosen = planned_record(records, ok, run_id, model, source)
+    on_cpu = get_path(chosen, "hardware.accelerator") == "cpu"
     if budget_gib is not None:
-        profile = rec
-        if "profile" not in rec:  # the study's profile.json beside the records, if it is of this record's model
-            with suppress(OSError, ValueError):
-                profile = read_record(Path(record).with_name("profile.json"), validate=False)
-        same = get_path(profile, "techniques.model_name") == get_path(rec, "techniques.model_name")
-        require("profile" in profile and same, f"--record: run {rec.get('run_id')} has no profile and there is no "
-                "profile.json of its model beside the records; run the study (it profiles the baseline) first")
-        print(advise(profile, rec.get("config", {}), batch or int(profile["profile"]["batch_size"]),
-                     budget_gib * 1024, ok, " of tensor memory (CPU: tensor bytes, not process RSS)" if cpu else ""))
+        profile = profile_for(chosen, source)
+        label = " of tensor memory (CPU: tensor bytes, not process RSS)" if on_cpu else ""
+        step_batch = batch or int(profile["profile"]["batch_size"])
+        print(advise(profile, chosen.get("config", {}), step_batch, budget_gib * 1024, ok, label,
+                     check_records(source), this_machine()))
         return
     try:
-        spec = spec_from_record(rec)
+        spec = spec_from_record(with_profile_shape(chosen, source))
     except KeyError as err:
         raise ConfigError(f"--record: {err.args[0]}") from None
     if gpu_step_time_ms is not None:
-        spec = dataclasses.replace(spec, step_time_ms=gpu_step_time_ms, step_time_source="assumed: --gpu_step_time_ms")
-    a = Assumptions(device=device, overlap_fraction=overlap, usd_per_device_hour=price_per_hour)
-    priced = not cpu or gpu_step_time_ms is not None or price_cpu_step_time
-    print(markdown_tables(spec, devices, a, epochs, dataset_size, priced=priced))
-
+        spec = dataclasses.replace(spec, step_time_ms=gpu_step_time_ms,
+                                   step_time_source="assumed: --gpu_step_time_ms")
+    assumptions = Assumptions(device=device, overlap_fraction=overlap, usd_per_device_hour=price_per_hour)
+    # A CPU step is not priced at a GPU's listing unless asked: a price of its own, or a GPU step time.
+    priced = not on_cpu or price_per_hour is not None or gpu_step_time_ms is not None or price_cpu_step_time
+    print(markdown_tables(spec, devices, assumptions, epochs, dataset_size, priced=priced))

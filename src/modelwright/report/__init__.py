@@ -1,62 +1,106 @@
-"""The study's report: records → ``table.md``, ``summary.json`` and plots per results folder, and the generated
-sections of README.md and docs/*.md (:mod:`.readme`); the same records always give the same text. To run: ``uv run
-python -m modelwright report`` (every ``results/<hardware>/``; the study runs it at its end).
+"""The study's report: records → ``table.md``, ``summary.json`` and plots per results folder, and the
+generated sections of README.md and docs/*.md (:mod:`.readme`); the same records always give the same text.
+
+To run: ``uv run python -m modelwright report`` (every ``results/<hardware>/``; the study runs it at its end).
 """
 
+import dataclasses
 import json
 from pathlib import Path
 
 from modelwright import REPO_ROOT
 from modelwright.errors import require
+from modelwright.fmt import table
 from modelwright.record import write_text_atomic
 from modelwright.report import tables
-from modelwright.report.fmt import table
 from modelwright.report.plots import PLOTS, plot_all
-from modelwright.report.readme import Study, update
+from modelwright.report.readme import ResultsFolder, update
+from modelwright.study_rows import Row
 
-NOTES = ("Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyTorch's memory tracker over one step "
-         "(it sees eager code only: compiled runs are not measured). Step ms: the median over repeats of each repeat's "
-         "median optimizer step; a row is faster or slower only when its ratio leaves the baseline's min–max of those "
-         "medians. Train loss: the mean of the last logged steps, shown where a run has seen as many samples as the "
+NOTES = ("Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyTorch's memory tracker "
+         "over one step (it sees eager code only: compiled runs are not measured). Step ms: the median over "
+         "repeats of each repeat's median optimizer step. The baseline's band is its lowest and highest "
+         "repeat median relative to their median (lo/med − 1 and hi/med − 1); a row is faster or slower only "
+         "when its time ratio leaves that band. MFU and samples/s: at the median step. Time per epoch: one "
+         "full configured epoch (its steps, data loading and validations), measured in a run of its own; "
+         "cost: that time, or 1,000 samples at the median step's samples/s, at the listed price below. "
+         "Train loss: the mean of the last logged steps, shown where a run has seen as many samples as the "
          "baseline. An artifact in the anatomy: activations still held after the step.")
 
 
-def render_table_md(study: Study) -> str:
-    parts = [f"# Efficiency study: {study.slug}", study.header(), "## Memory and speed",
-             tables.main_table(study.rows, study.marks), NOTES, "## Memory anatomy (MiB)",
-             tables.anatomy_table(study.rows)]
-    if budget := study.budget:
-        parts += [f"## Largest batch under {budget[0].budget_mib / 1024:g} GiB", tables.budget_table(budget)]
-    if failed := [[r.name, r.status, r.error or ""] for r in study.rows if not r.ok]:
+def render_table_md(folder: ResultsFolder) -> str:
+    parts = [f"# Efficiency study: {folder.slug}", folder.header(), "## Memory and speed",
+             tables.main_table(folder.rows, folder.marks), NOTES, *tables.price_notes(folder.rows),
+             "## Memory anatomy (MiB)", tables.anatomy_table(folder.rows)]
+    epochs = tables.epoch_table(folder.rows)
+    if epochs:
+        parts += ["## Time per epoch", epochs]
+    if folder.budget:
+        budget_gib = folder.budget[0].budget_mib / 1024
+        parts += [f"## Largest batch under {budget_gib:g} GiB", tables.budget_table(folder.budget)]
+    failed = [[row.name, row.status, row.error or ""] for row in folder.rows if not row.ok]
+    if failed:
         parts += ["## Runs that did not finish", table(["run", "status", "error"], failed, "lll")]
     return "\n\n".join(parts) + "\n"
 
 
-def summary(study: Study) -> dict:
+def row_summary(row: Row) -> dict:
+    """One row of ``summary.json``: its figures and ratios, or its error."""
+    summary = {"name": row.name, "status": row.status, "model": row.model,
+               "reference": row.reference and row.reference.name}
+    if not row.ok:
+        return summary | {"error": row.error}
+    return summary | dataclasses.asdict(row.figures) | {
+        "setup": tables.setup_text(row.records[0]), "memory_vs_reference": row.vs("peak_mib"),
+        "time_vs_reference": row.vs("step_ms"), "verdict": row.verdict,
+        "run_ids": [record.get("run_id") for record in row.records], "epoch": epoch_summary(row),
+        "cost_usd": cost_summary(row)}
+
+
+def epoch_summary(row: Row) -> dict | None:
+    epoch = row.epoch
+    if epoch is None:
+        return None
+    return {"time_s": epoch.time_s, "steps": epoch.steps, "validation_s": epoch.validation_s,
+            "validations": epoch.validations, "validation_share": epoch.validation_share,
+            "run_id": epoch.record.get("run_id")}
+
+
+def cost_summary(row: Row) -> dict | None:
+    """The row's estimated cost, with the price and its source."""
+    cost = tables.row_cost(row)
+    if cost is None:
+        return None
+    return {"per_epoch": cost.per_epoch, "per_1000_samples": cost.per_1000_samples,
+            "usd_per_hour": cost.price.usd_per_hour, "priced_as": cost.price.what,
+            "source": cost.price.source, "estimate": True}
+
+
+def summary(folder: ResultsFolder) -> dict:
     """A machine-readable digest of the table."""
-    runs = [{"name": r.name, "status": r.status, "model": r.model, "reference": r.reference and r.reference.name}
-            | (dict(r.v, setup=tables.setup_text(r.records[0]), memory_vs_reference=r.vs("peak_mib"),
-                    time_vs_reference=r.vs("step_ms"), verdict=r.verdict,
-                    run_ids=[x.get("run_id") for x in r.records]) if r.ok else {"error": r.error})
-            for r in study.rows]
-    budget = [{k: v for k, v in b.__dict__.items() if k != "records"} | {"fits": b.fits} for b in study.budget]
-    return {"slug": study.slug, "runs": runs, "budget": budget, "process_time_s": study.wall_s,
-            "provenance_groups": study.marks, "plots": [n for n in PLOTS if (study.folder / n).is_file()]}
+    budget = [{key: value for key, value in row.__dict__.items() if key != "records"} | {"fits": row.fits}
+              for row in folder.budget]
+    return {"slug": folder.slug, "runs": [row_summary(row) for row in folder.rows], "budget": budget,
+            "process_time_s": folder.wall_s, "provenance_groups": folder.marks,
+            "plots": [name for name in PLOTS if (folder.folder / name).is_file()]}
 
 
 def generate(results_dir: str | Path, readme: str | Path | None = None, plots: bool = True,
              allow_mixed: bool = False) -> list[Path]:
-    """Write ``table.md``, ``summary.json`` and the plots into ``results_dir``, and ``readme``'s sections if given."""
-    study = Study(Path(results_dir), allow_mixed)
-    table_md = write_text_atomic(study.folder / "table.md", render_table_md(study))
-    pngs = plot_all(study.rows, study.budget, study.folder, study.slug) if plots else []
-    digest = json.dumps(summary(study), indent=2, allow_nan=False) + "\n"  # after the plots: it lists them
-    out = [table_md, write_text_atomic(study.folder / "summary.json", digest), *pngs]
-    return out + (update([Path(readme)], study.folder.parent, allow_mixed) if readme is not None else [])
+    """Write ``table.md``, ``summary.json`` and the plots into ``results_dir``, and ``readme``'s sections if
+    given."""
+    folder = ResultsFolder(Path(results_dir), allow_mixed)
+    table_md = write_text_atomic(folder.folder / "table.md", render_table_md(folder))
+    pngs = plot_all(folder.rows, folder.budget, folder.folder, folder.slug) if plots else []
+    digest = json.dumps(summary(folder), indent=2, allow_nan=False) + "\n"  # after the plots: it lists them
+    written = [table_md, write_text_atomic(folder.folder / "summary.json", digest), *pngs]
+    if readme is not None:
+        written += update([Path(readme)], folder.folder.parent, allow_mixed)
+    return written
 
 
-def report(results: Path | None = None, readme: Path = Path("README.md"), docs: bool = True, plots: bool = True,
-           allow_mixed: bool = False) -> int:
+def report(results: Path | None = None, readme: Path = Path("README.md"), docs: bool = True,
+           plots: bool = True, allow_mixed: bool = False) -> int:
     """Rebuild every results folder's table, summary and plots, then the generated sections of the documents.
 
     Args:
@@ -64,14 +108,19 @@ def report(results: Path | None = None, readme: Path = Path("README.md"), docs: 
         readme: the README whose marked sections to fill.
         docs: also fill the marked sections of ``docs/*.md`` beside the README.
         plots: write the PNG plots.
-        allow_mixed: put records of different commits or definitions in one table, marked, instead of refusing.
+        allow_mixed: put records of different commits or definitions in one table, marked, instead of
+            refusing.
     """
     results = Path(results) if results is not None else REPO_ROOT / "results"
-    folders = sorted(p for p in results.glob("*") if (p / "records.jsonl").is_file())
-    require(bool(folders), f"{results}: no <hardware>/records.jsonl (run `python -m modelwright study` first)")
-    written = [p for f in folders for p in generate(f, plots=plots, allow_mixed=allow_mixed)]
-    readme = Path(readme) if Path(readme).is_absolute() or Path(readme).exists() else REPO_ROOT / readme
+    folders = sorted(path for path in results.glob("*") if (path / "records.jsonl").is_file())
+    require(bool(folders),
+            f"{results}: no <hardware>/records.jsonl (run `python -m modelwright study` first)")
+    written = [path for folder in folders for path in generate(folder, plots=plots, allow_mixed=allow_mixed)]
+    readme = Path(readme)
+    if not readme.is_absolute() and not readme.exists():
+        readme = REPO_ROOT / readme
     documents = sorted((readme.parent / "docs").glob("*.md")) if docs else []
-    written += update([readme, *(d for d in documents if ":start -->" in d.read_text("utf-8"))], results, allow_mixed)
+    marked = [doc for doc in documents if ":start -->" in doc.read_text("utf-8")]
+    written += update([readme, *marked], results, allow_mixed)
     print("\n".join(map(str, written)))
     return 0

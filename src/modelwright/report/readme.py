@@ -1,7 +1,8 @@
 """The one writer of generated text in README.md and docs/*.md: the text between ``<!-- name:start -->`` and
-``<!-- name:end -->`` becomes what :class:`Sections` renders for ``name``; the rest, and sections of names it does not
-know, are left alone. Block sections (the marker on a line of its own) hold tables and plots; inline ones (``<!--
-v:slug:run:field:start -->0.56×<!-- ...:end -->``) put one figure of a record into a hand-written sentence.
+``<!-- name:end -->`` becomes what :class:`Sections` renders for ``name``; the rest, and sections of names it
+does not know, are left alone. Block sections (the marker on a line of its own) hold tables and plots; inline
+ones (``<!-- v:slug:run:field:start -->0.56×<!-- ...:end -->``) put one figure of a record into a hand-written
+sentence.
 """
 
 import contextlib
@@ -11,10 +12,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from modelwright.errors import require
+from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
 from modelwright.record import get_path, read_record, read_records, write_text_atomic
-from modelwright.report import tables as t
-from modelwright.report.fmt import DASH, duration, finite, pct, ratio, sig, table
+from modelwright.report import predictions, tables
 from modelwright.report.plots import PLOTS
+from modelwright.study_rows import Row, build_budget_rows, build_rows, div, provenance_group
 
 MARKER = re.compile(r"<!-- ([\w.:/-]+):start -->(.*?)<!-- \1:end -->", re.S)
 
@@ -22,13 +24,16 @@ MARKER = re.compile(r"<!-- ([\w.:/-]+):start -->(.*?)<!-- \1:end -->", re.S)
 def write_sections(path: Path, render: Callable[[str], str | None]) -> bool:
     """Rewrite every marked section of ``path`` whose name ``render`` knows; True if the text changed."""
     text = path.read_text(encoding="utf-8")
-    require(MARKER.search(text) is not None, f"{path}: no <!-- name:start --> ... <!-- name:end --> markers to fill")
+    require(MARKER.search(text) is not None,
+            f"{path}: no <!-- name:start --> ... <!-- name:end --> markers to fill")
 
-    def fill(m: re.Match) -> str:
-        if (body := render(m.group(1))) is None:
-            return m.group(0)
-        body = f"\n{body.strip()}\n" if m.group(2).startswith("\n") else body.strip()
-        return f"<!-- {m.group(1)}:start -->{body}<!-- {m.group(1)}:end -->"
+    def fill(match: re.Match) -> str:
+        name, old_body = match.group(1), match.group(2)
+        body = render(name)
+        if body is None:
+            return match.group(0)
+        body = f"\n{body.strip()}\n" if old_body.startswith("\n") else body.strip()
+        return f"<!-- {name}:start -->{body}<!-- {name}:end -->"
 
     new = MARKER.sub(fill, text)
     if new != text:
@@ -36,170 +41,257 @@ def write_sections(path: Path, render: Callable[[str], str | None]) -> bool:
     return new != text
 
 
-def _json(path: Path) -> dict | None:
-    # A benchmark that has not run, or a torn file, leaves its section saying so instead of failing the report.
+def read_json(path: Path) -> dict | None:
+    """A benchmark's JSON result; None for one that has not run or a torn file (its section then says so)."""
     with contextlib.suppress(OSError, ValueError):
         return read_record(path, validate=False)
     return None
 
 
-def _where(result: Mapping) -> str:
-    hw, v = result.get("hardware") or {}, result.get("versions") or {}
-    device = (f"{hw.get('cpu_model')}, {hw.get('cpu_cores')} cores" if hw.get("accelerator") == "cpu"
-              else f"{hw.get('num_devices') or 1}× {hw.get('device_name')}")
-    return f"{device}; torch {v.get('torch')}, lightning {v.get('lightning')}"
+def machine_text(result: Mapping) -> str:
+    """The machine and versions a result names: ``AMD EPYC, 2 cores; torch 2.15.0, lightning 2.6.6``."""
+    hardware = result.get("hardware") or {}
+    versions = result.get("versions") or {}
+    if hardware.get("accelerator") == "cpu":
+        device = f"{hardware.get('cpu_model')}, {hardware.get('cpu_cores')} cores"
+    else:
+        device = f"{hardware.get('num_devices') or 1}× {hardware.get('device_name')}"
+    return f"{device}; torch {versions.get('torch')}, lightning {versions.get('lightning')}"
 
 
-class Study:
-    """One ``results/<slug>/`` folder: its records, rows, budget rows, provenance marks and the runs' wall time."""
+class ResultsFolder:
+    """One ``results/<slug>/`` folder: its records, rows, budget rows, provenance marks and the runs' wall
+    time."""
 
     def __init__(self, folder: Path, allow_mixed: bool = False, slug: str | None = None):
-        path, self.folder, self.slug = folder / "records.jsonl", folder, slug or folder.name
+        path = folder / "records.jsonl"
+        self.folder = folder
+        self.slug = slug or folder.name
         require(path.is_file(), f"{folder}: no records.jsonl (run `python -m modelwright study` first)")
         records = read_records(path)
-        self.rows = t.build_rows(records)
-        self.budget = t.build_budget_rows(records, self.rows)
-        self.runs = [r for row in self.rows for r in row.records]
-        used = self.runs + [r for b in self.budget for r in b.records]
+        self.rows = build_rows(records)
+        self.budget = build_budget_rows(records, self.rows)
+        epochs = [row.epoch.record for row in self.rows if row.epoch]
+        self.runs = [record for row in self.rows for record in row.records] + epochs
+        used = self.runs + [record for row in self.budget for record in row.records]
         require(bool(used), f"{path}: no study records (records with a 'study' section)")
-        groups = list(dict.fromkeys(map(t.provenance_group, used)))
+        groups = list(dict.fromkeys(map(provenance_group, used)))
         require(len(groups) < 2 or allow_mixed, f"{path}: records of {len(groups)} commits/definitions "
                 f"({'; '.join(groups)}); rerun them, or pass --allow_mixed true to mark them")
-        self.marks = {g: chr(ord("a") + i) for i, g in enumerate(groups)} if len(groups) > 1 else {}
-        self.wall_s = sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in used)
-        self.ok_rows = {r.name: r for r in self.rows if r.ok}
+        self.marks = {group: chr(ord("a") + i) for i, group in enumerate(groups)} if len(groups) > 1 else {}
+        self.wall_s = sum(finite(get_path(record, "study.process_wall_s")) or 0 for record in used)
+        self.ok_rows = {row.name: row for row in self.rows if row.ok}
+        self.profile = read_json(folder / "profile.json")  # what the study predicted its runs from
+
+    def window_text(self, last: Mapping) -> str:
+        """Warm-up, measured steps (and the rows that measured another number), repeats and plans."""
+        plans = dict.fromkeys(f"`{get_path(record, 'study.plan')}`" for record in self.runs)
+        steps = {row.name: get_path(row.records[-1], "study.measured_steps") for row in self.rows}
+        counts = list(steps.values())
+        usual = max(counts, key=counts.count, default=get_path(last, "study.measured_steps"))
+        others = "".join(f"; {count} for {', '.join(name for name in steps if steps[name] == count)}"
+                         for count in dict.fromkeys(counts) if count != usual)
+        repeats = max((row.figures.repeats for row in self.rows if row.ok), default=0)
+        warmup = get_path(last, "study.warmup_steps")
+        return (f"- Window: {warmup} warm-up, {usual} measured steps per run{others}, up to {repeats} "
+                f"repeat(s) per row; plan(s) {', '.join(plans)}")
 
     def header(self) -> str:
         """Conditions, the commands behind every row, and the runs' total wall time."""
-        last = next((r for r in reversed(self.runs) if r.get("status") == "ok"), {})
-        commands = dict.fromkeys(f"`{get_path(r, 'provenance.command')}`" for r in self.runs)
-        plans = dict.fromkeys(f"`{get_path(r, 'study.plan')}`" for r in self.runs)
-        steps = {row.name: get_path(row.records[-1], "study.measured_steps") for row in self.rows}
-        usual = max(steps.values(), key=list(steps.values()).count, default=get_path(last, "study.measured_steps"))
-        others = "".join(f"; {k} for {', '.join(n for n in steps if steps[n] == k)}"
-                         for k in dict.fromkeys(steps.values()) if k != usual)
-        repeats = max((r.v["repeats"] for r in self.rows if r.ok), default=0)
-        return "\n".join([f"- Hardware: {get_path(last, 'hardware.accelerator', '?').upper()} {_where(last)}, "
-                          f"python {get_path(last, 'versions.python')}",
-                          f"- Window: {get_path(last, 'study.warmup_steps')} warm-up, {usual} measured steps per run"
-                          f"{others}, up to {repeats} repeat(s) per row; plan(s) {', '.join(plans)}",
-                          f"- Command(s): {'; '.join(commands)}; total wall time of the runs: {duration(self.wall_s)}",
-                          *(f"- [{m}] {g}" for g, m in self.marks.items()),
-                          *([] if self.marks else [f"- Records: {t.provenance_group(last)}"])])
+        last = next((record for record in reversed(self.runs) if record.get("status") == "ok"), {})
+        commands = dict.fromkeys(f"`{get_path(record, 'provenance.command')}`" for record in self.runs)
+        accelerator = get_path(last, "hardware.accelerator", "?").upper()
+        python = get_path(last, "versions.python")
+        lines = [f"- Hardware: {accelerator} {machine_text(last)}, python {python}",
+                 self.window_text(last),
+                 f"- Command(s): {'; '.join(commands)}; total wall time of the runs: {duration(self.wall_s)}"]
+        lines += [f"- [{mark}] {group}" for group, mark in self.marks.items()]
+        if not self.marks:
+            lines.append(f"- Records: {provenance_group(last)}")
+        return "\n".join(lines)
+
+
+def inline_figures(row: Row, folder: ResultsFolder) -> dict[str, str]:
+    """Every figure a sentence can take from ``row`` (``v:<slug>:<run>:<field>``), by field."""
+    figures = row.figures
+    anatomy = figures.anatomy
+    peak = figures.peak_mib
+    # The step, MFU and FLOP rates are all the median step's (study_rows.Figures): one statistic.
+    flops = {"peak_gflops": sig(div(figures.peak_flops_per_s, 1e9)),
+             "gflop_step": sig(div(figures.flops_per_step, 1e9)),
+             "achieved_gflops": sig(div(figures.achieved_flops_per_s, 1e9))}
+    state = sum(anatomy[key] or 0 for key in ("parameters", "gradients", "optimizer_state"))
+    batch = next((budget.batch for budget in folder.budget if budget.name == row.name and budget.fits), DASH)
+    cost = tables.row_cost(row)
+    return {"peak": f"{sig(peak)} MiB", "memory": ratio(row.vs("peak_mib")), "time": ratio(row.vs("step_ms")),
+            "step": f"{sig(figures.step_ms)} ms", "verdict": row.verdict, "mfu": pct(figures.mfu),
+            "band": "none with 1 repeat" if row.band is None else row.band.text(),
+            "activations": f"{sig(anatomy['activations'])} MiB",
+            "share": pct(div(anatomy["activations"] or 0, peak)),
+            "state": f"{sig(state)} MiB", "batch": str(batch), "epoch": tables.epoch_text(row),
+            "epoch_cost": usd(cost.per_epoch) if cost and cost.per_epoch is not None else DASH, **flops}
 
 
 class Sections:
     """Renders each known section for a document in ``doc_dir`` from the studies under ``results``."""
 
     def __init__(self, results: Path, doc_dir: Path, allow_mixed: bool = False):
-        self.root, self.doc_dir = results, doc_dir
-        # A folder inside a study's folder (a check of a few runs beside it) gives figures and predictions, not a
-        # results section of its own: its slug is its path, e.g. cpu-amd-epyc-avx2-2cores/bf16-check.
-        folders = sorted(f.parent for f in [*results.glob("*/records.jsonl"), *results.glob("*/*/records.jsonl")])
-        self.studies = [s for f in folders if (s := Study(f, allow_mixed, f.relative_to(results).as_posix())).rows]
-        self.top = [s for s in self.studies if "/" not in s.slug]
+        self.root = results
+        self.doc_dir = doc_dir
+        # A folder inside a study's folder (a check of a few runs beside it) gives figures and predictions,
+        # not a results section of its own: its slug is its path, e.g. cpu-amd-epyc-avx2-2cores/bf16-check.
+        found = [*results.glob("*/records.jsonl"), *results.glob("*/*/records.jsonl")]
+        folders = [ResultsFolder(path.parent, allow_mixed, path.parent.relative_to(results).as_posix())
+                   for path in sorted(found, key=lambda path: path.parent)]
+        self.studies = [folder for folder in folders if folder.rows]
+        self.top = [folder for folder in self.studies if "/" not in folder.slug]
 
     def rel(self, path: Path) -> str:
         return Path(os.path.relpath(path, self.doc_dir)).as_posix()
 
     def __call__(self, name: str) -> str | None:
-        """The text of section ``name``; None for a name this writer does not know (its text is left alone)."""
+        """The text of section ``name``; None for a name this writer does not know (its text is left
+        alone)."""
         if name.startswith("v:"):
-            require(name.count(":") == 3, f"<!-- {name}:start -->: an inline figure is v:<slug>:<run>:<field>")
+            require(name.count(":") == 3,
+                    f"<!-- {name}:start -->: an inline figure is v:<slug>:<run>:<field>")
             return self.value(*name.split(":")[1:])
-        render = {"predictions": lambda: t.prediction_table(self.studies) or "No run of a study was predicted yet.",
-                  "results": self.results, "scaleout": self.scaleout, "attention": self.attention,
-                  "mainjob": lambda: self.benchmark("main-job", main_job_text, "main_job.json"),
-                  "overhead": lambda: self.benchmark("overhead", overhead_text, "callback_overhead.json",
-                                                     "overhead-resnet18.json", "overhead-smallcnn-epoch.json"),
-                  "cpudefaults": lambda: self.benchmark("CPU-defaults", cpu_defaults_text, "cpu_defaults.json")}
+        render = {
+            "predictions": self.predictions,
+            "results": self.results,
+            "scaleout": self.scaleout,
+            "attention": self.attention,
+            "mainjob": lambda: self.benchmark("main-job", main_job_text, "main_job.json"),
+            "overhead": lambda: self.benchmark("overhead", overhead_text, "callback_overhead.json",
+                                               "overhead-resnet18.json", "overhead-smallcnn-epoch.json"),
+            "cpudefaults": lambda: self.benchmark("CPU-defaults", cpu_defaults_text, "cpu_defaults.json"),
+        }
         return render[name]() if name in render else None
 
+    def predictions(self) -> str:
+        return predictions.prediction_table(self.studies) or "No run of a study was predicted yet."
+
     def value(self, slug: str, run: str, field: str) -> str:
-        """One figure (a key of ``values``) of run ``run`` in ``results/<slug>/``; a dash without that run."""
-        study = next((s for s in self.studies if s.slug == slug), None)
-        if (row := study and study.ok_rows.get(run)) is None:
+        """One figure (a key of :func:`inline_figures`) of run ``run`` in ``results/<slug>/``; a dash without
+        it."""
+        folder = next((folder for folder in self.studies if folder.slug == slug), None)
+        row = folder.ok_rows.get(run) if folder else None
+        if row is None:
             return DASH
-        a, peak = row.v["anatomy"], row.v["peak_mib"]
-        gflops = {f: sig(t.div(finite(get_path(row.records[0], f"flops.{key}")), 1e9)) for f, key in
-                  (("peak_gflops", "peak_flops_per_s"), ("gflop_step", "flops_per_step"),
-                   ("achieved_gflops", "achieved_flops_per_s"))}
-        values = {"peak": f"{sig(peak)} MiB", "memory": ratio(row.vs("peak_mib")), "time": ratio(row.vs("step_ms")),
-                  "step": f"{sig(row.v['step_ms'])} ms", "verdict": row.verdict, "mfu": pct(row.v["mfu"]),
-                  "band": "none with 1 repeat" if row.band is None else f"±{pct(row.band)}",
-                  "activations": f"{sig(a['activations'])} MiB", "share": pct(t.div(a["activations"] or 0, peak)),
-                  "state": f"{sig(sum(a[k] or 0 for k in ('parameters', 'gradients', 'optimizer_state')))} MiB",
-                  "batch": str(next((b.batch for b in study.budget if b.name == run and b.fits), DASH)), **gflops}
-        require(field in values, f"<!-- v:{slug}:{run}:{field} -->: unknown field (one of {', '.join(values)})")
+        values = inline_figures(row, folder)
+        require(field in values,
+                f"<!-- v:{slug}:{run}:{field} -->: unknown field (one of {', '.join(values)})")
         return values[field]
 
+    def results_of(self, folder: ResultsFolder) -> list[str]:
+        """One study's results section: heading, conditions, the table, the budget table and the plots."""
+        hardware = next((row.records[0].get("hardware") or {} for row in folder.rows if row.ok), {})
+        kind = "CPU" if hardware.get("accelerator") == "cpu" else "GPU"
+        parts = [f"### {kind} results: {hardware.get('device_name')} (`{folder.slug}`)", "", folder.header(),
+                 "", tables.main_table(folder.rows, folder.marks), ""]
+        parts += [*tables.price_notes(folder.rows), ""]
+        if folder.budget:
+            parts += [f"Largest micro-batch under {folder.budget[0].budget_mib / 1024:g} GiB:", "",
+                      tables.budget_table(folder.budget), ""]
+        parts += [f"![{caption}]({self.rel(folder.folder / name)})" for name, caption in PLOTS.items()
+                  if (folder.folder / name).is_file()]
+        table_md = self.rel(folder.folder / "table.md")
+        return [*parts, "", f"Anatomy and failed runs: [{table_md}]({table_md}).", ""]
+
     def results(self) -> str:
-        parts = []
-        for s in self.top:
-            hw = next((r.records[0].get("hardware") or {} for r in s.rows if r.ok), {})
-            parts += [f"### {'CPU' if hw.get('accelerator') == 'cpu' else 'GPU'} results: {hw.get('device_name')} "
-                      f"(`{s.slug}`)", "", s.header(), "", t.main_table(s.rows, s.marks), ""]
-            parts += [f"Largest micro-batch under {s.budget[0].budget_mib / 1024:g} GiB:", "",
-                      t.budget_table(s.budget), ""] if s.budget else []
-            parts += [f"![{cap}]({self.rel(s.folder / n)})" for n, cap in PLOTS.items() if (s.folder / n).is_file()]
-            table_md = self.rel(s.folder / "table.md")
-            parts += ["", f"Anatomy and failed runs: [{table_md}]({table_md}).", ""]
-        return "\n".join(parts) if parts else "No study results yet: run `uv run python -m modelwright study`."
+        parts = [line for folder in self.top for line in self.results_of(folder)]
+        if not parts:
+            return "No study results yet: run `uv run python -m modelwright study`."
+        return "\n".join(parts)
 
     def scaleout(self) -> str:
-        row = next((s.ok_rows["baseline"] for s in self.top if "baseline" in s.ok_rows), None)
-        out = row and t.scaleout_table(row.records[0])
-        return out or "Not generated: no `baseline` run recorded with what the planner needs."
+        row = next((folder.ok_rows["baseline"] for folder in self.top if "baseline" in folder.ok_rows), None)
+        text = tables.scaleout_table(row.records[0]) if row else None
+        return text or "Not generated: no `baseline` run recorded with what the planner needs."
 
     def attention(self) -> str:
         parts = []
-        for s in self.top:
-            if text := t.attention_table(_json(s.folder / "attention.json")):
-                png = s.folder / "attention.png"
-                image = f"\n\n![Attention: peak memory and step time against sequence length]({self.rel(png)})"
-                parts.append(f"`{s.slug}`:\n\n{text}" + (image if png.is_file() else ""))
+        for folder in self.top:
+            text = tables.attention_table(read_json(folder.folder / "attention.json"))
+            if not text:
+                continue
+            png = folder.folder / "attention.png"
+            image = f"\n\n![Attention: peak memory and step time against sequence length]({self.rel(png)})"
+            parts.append(f"`{folder.slug}`:\n\n{text}" + (image if png.is_file() else ""))
         return "\n\n".join(parts) or "Not measured yet: run `uv run python benchmarks/attention.py`."
 
     def benchmark(self, what: str, render: Callable[..., str], *files: str) -> str:
-        """``render`` over the benchmark ``files`` (read as JSON, None where absent) of each results folder with any."""
-        found = {f.name: [_json(f / name) for name in files] for f in sorted(self.root.iterdir()) if f.is_dir()}
+        """``render`` over the benchmark ``files`` (read as JSON, None where absent) of each results folder
+        with any."""
+        found = {folder.name: [read_json(folder / name) for name in files]
+                 for folder in sorted(self.root.iterdir()) if folder.is_dir()}
         parts = [f"`{folder}`:\n\n{render(*data)}" for folder, data in found.items() if any(data)]
         return "\n\n".join(parts) or f"No {what} measurement recorded yet."
 
 
-def main_job_text(r: Mapping) -> str:
-    return table(["command", "wall time, start to exit", "final val/acc", "precision", "machine"],
-                 [[f"`{r['command']}`", duration(r["process_wall_time_s"]), sig(r["val_acc"]), r["precision"],
-                   _where(r)]])
+def main_job_text(result: Mapping) -> str:
+    header = ["command", "wall time, start to exit", "final val/acc", "precision", "machine"]
+    row = [f"`{result['command']}`", duration(result["process_wall_time_s"]), sig(result["val_acc"]),
+           result["precision"], machine_text(result)]
+    return table(header, [row])
+
+
+def spread_text(values: list, what: str) -> str:
+    return f"{ratio(min(values, default=None))}–{ratio(max(values, default=None))} ({len(values)} {what})"
+
+
+def callback_overhead_rows(callback: Mapping) -> list[list]:
+    hooks_ms = (callback.get("hooks_ms_per_step") or {}).get("median")
+    command = f"`{callback['command']}`"
+    return [["measurement callbacks, hooks timed directly", f"{sig(hooks_ms, 2)} ms per step",
+             pct(callback.get("hooks_fraction_of_step"), 2), DASH, command],
+            ["measurement callbacks on ÷ off, paired runs", ratio(callback["ratio_on_off"], 3), DASH,
+             spread_text(callback.get("pair_ratios") or [], "pairs"), command]]
+
+
+def loop_overhead_rows(result: Mapping) -> list[list]:
+    if result.get("mode") == "epoch":
+        prefix, what = "epoch_", "time per epoch"
+    else:
+        prefix, what = "", "median step"
+    rows = []
+    for name, loop in result["loops"].items():
+        if name == "raw":
+            continue
+        rows.append([f"{name} ÷ raw PyTorch loop, {result['settings']['model']}, {what}",
+                     ratio(loop[f"{prefix}ratio_to_raw"], 3), DASH,
+                     spread_text(loop.get(f"repeat_{prefix}ratios_to_raw") or [], "repeats"),
+                     f"`{result['command']}`"])
+    return rows
 
 
 def overhead_text(callback: Mapping | None, *loops: Mapping | None) -> str:
-    def spread(values: list, what: str) -> str:
-        return f"{ratio(min(values, default=None))}–{ratio(max(values, default=None))} ({len(values)} {what})"
-
-    rows = [["measurement callbacks, hooks timed directly",
-             f"{sig((callback.get('hooks_ms_per_step') or {}).get('median'), 2)} ms per step",
-             pct(callback.get("hooks_fraction_of_step"), 2), DASH, f"`{callback['command']}`"],
-            ["measurement callbacks on ÷ off, paired runs", ratio(callback["ratio_on_off"], 3), DASH,
-             spread(callback.get("pair_ratios") or [], "pairs"), f"`{callback['command']}`"]] if callback else []
-    for result in filter(None, loops):
-        e, what = ("epoch_", "time per epoch") if result.get("mode") == "epoch" else ("", "median step")
-        rows += [[f"{name} ÷ raw PyTorch loop, {result['settings']['model']}, {what}", ratio(s[f"{e}ratio_to_raw"], 3),
-                  DASH, spread(s.get(f"repeat_{e}ratios_to_raw") or [], "repeats"), f"`{result['command']}`"]
-                 for name, s in result["loops"].items() if name != "raw"]
+    loops = [result for result in loops if result]
+    rows = callback_overhead_rows(callback) if callback else []
+    for result in loops:
+        rows += loop_overhead_rows(result)
     header = ["what", "figure", "share of a step", "spread", "command"]
-    return f"{_where(callback or next(filter(None, loops)))}:\n\n" + table(header, rows, "lrrrl")
+    return f"{machine_text(callback or loops[0])}:\n\n" + table(header, rows, "lrrrl")
 
 
 def cpu_defaults_text(result: Mapping) -> str:
-    body = [[g["group"], o["option"].split("=", 1)[1] + (" **(default)**" if o["default"] else ""),
-             f"{sig(o['median_step_ms'])} ms", ratio(o["ratio_to_reference"]), pct(o.get("mfu")),
-             sig(o.get("minor_faults_per_step"))] for g in result["groups"] for o in g["options"]]
-    kernel = result.get("peak_flops_source") == "measured-matmul"  # a file made before MFU used the hardware peak
-    mfu, peak = ("% of kernel peak", "the best measured kernel") if kernel else ("MFU", "the fp32 peak")
+    body = []
+    for group in result["groups"]:
+        for option in group["options"]:
+            value = option["option"].split("=", 1)[1] + (" **(default)**" if option["default"] else "")
+            body.append([group["group"], value, f"{sig(option['median_step_ms'])} ms",
+                         ratio(option["ratio_to_reference"]), pct(option.get("mfu")),
+                         sig(option.get("minor_faults_per_step"))])
+    # A file made before MFU used the hardware peak divides by a measured kernel.
+    if result.get("peak_flops_source") == "measured-matmul":
+        mfu, peak = "% of kernel peak", "the best measured kernel"
+    else:
+        mfu, peak = "MFU", "the fp32 peak"
     header = ["setting", "option", "median step", "vs first option", mfu, "minor page faults per step"]
-    return (f"`{result['command']}` ({result['settings']['rounds']} rounds; {_where(result)}; {mfu} of {peak}, "
-            f"{sig(result['peak_flops_per_s'] / 1e9)} GFLOP/s):\n\n" + table(header, body, "llrrrr"))
+    rounds = result["settings"]["rounds"]
+    peak_gflops = sig(result["peak_flops_per_s"] / 1e9)
+    return (f"`{result['command']}` ({rounds} rounds; {machine_text(result)}; {mfu} of {peak}, {peak_gflops} "
+            f"GFLOP/s):\n\n" + table(header, body, "llrrrr"))
 
 
 def update(docs: list[Path], results: Path, allow_mixed: bool = False) -> list[Path]:

@@ -5,7 +5,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from modelwright.record import ANATOMY_CATEGORIES
-from modelwright.report.fmt import duration, pct, sig
+from modelwright.fmt import duration, pct, sig
 
 #: Below this share of their threads' time, a CPU run's measured steps waited for their cores (the machine was
 #: busy with something else): the times are flagged as contended. A free 2-core machine gives 0.95-1.0.

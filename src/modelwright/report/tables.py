@@ -1,300 +1,237 @@
-"""Rows from study records, and the markdown tables built from them. Per plan entry only the records of its latest
-resolved config (``study.config_hash``) count, so a changed plan replaces a row instead of mixing old and new
-measurements; their ``ok`` ones make the row (medians over repeats), an entry with none shows its last failure.
-Ratios are to the model's run named ``baseline`` (or ``*-baseline``), else its first run.
-"""
-
-from __future__ import annotations
+"""The markdown tables of the report, built from the rows of :mod:`modelwright.study_rows`."""
 
 import dataclasses
-import re
-import statistics
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from modelwright import planner
+from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
+from modelwright.planner.prices import GPU_NAMES, MachinePrice, machine_price
 from modelwright.record import get_path
-from modelwright.report.fmt import DASH, finite, pct, ratio, sig, table
+from modelwright.study_rows import LOSS_STEPS, BudgetRow, Row, peak_mib, provenance_group
 
-ANATOMY = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
-#: Training-loss points averaged for the quality column (compared only at equal samples seen).
-LOSS_STEPS = 3
+# study/budget.py and its tests read a record's measured peak from here.
+__all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "peak_mib", "scaleout_table",
+           "setup_text"]
 #: airbench's "standard ResNet-18" baseline on one A100 (Keller Jordan, airbench README, 2024): 32.3 PFLOP in
 #: 7 min. The scale-out table's GPU step is a record's FLOPs at that rate: an estimate, never a measurement.
 PUBLISHED_A100_FLOPS_PER_S = 32.3e15 / (7 * 60)
 
 
-def median(values: Sequence[Any]) -> float | None:
-    return statistics.median(nums) if (nums := [v for v in map(finite, values) if v is not None]) else None
-
-
-def div(a: float | None, b: float | None) -> float | None:
-    """``a / b``, or None where either is missing or ``b`` is zero (a figure that cannot be computed prints a dash)."""
-    return a / b if a is not None and b else None
-
-
-def provenance_group(record: Mapping) -> str:
-    """Records of one commit and one definitions version share a group (and a mark where a table mixes groups)."""
-    p = record.get("provenance") or {}
-    return f"commit {str(p.get('commit'))[:10]}, definitions {p.get('definitions')}"
-
-
-def peak_mib(record: Mapping) -> float | None:
-    """The measured peak; None where the memory tracker saw eager code only (a compiled run on a CPU)."""
-    if get_path(record, "techniques.compile") and get_path(record, "hardware.accelerator") == "cpu":
-        return None  # MemTracker is a TorchDispatchMode: under it Dynamo falls back to eager
-    return finite(get_path(record, "memory.peak_allocated_mib"))
-
-
-def last_loss(record: Mapping) -> tuple[float | None, int | None]:
-    """Mean training loss of the last :data:`LOSS_STEPS` logged steps, and the samples seen by the last one."""
-    points = [p for p in (get_path(record, "history.train/loss") or []) if finite(p[1]) is not None]
-    if len(points) < LOSS_STEPS:
-        return None, None
-    batch = get_path(record, "techniques.effective_batch_size")
-    samples = points[-1][0] * batch if isinstance(batch, int) else None
-    return statistics.fmean(p[1] for p in points[-LOSS_STEPS:]), samples
-
-
-@dataclass
-class Row:
-    """One plan entry: the medians over its ``ok`` repeats, or its last failure."""
-
-    name: str
-    records: list[dict]
-    status: str
-    error: str | None = None
-    reference: Row | None = None
-    v: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    @property
-    def model(self) -> Any:
-        return get_path(self.records[0], "techniques.model_name")
-
-    def vs(self, key: str) -> float | None:
-        return div(self.v.get(key), self.reference.v.get(key) if self.reference else None)
-
-    @property
-    def band(self) -> float | None:
-        """Relative spread (max − min) / median of the repeats' median steps; None with fewer than 2 repeats."""
-        lo, hi, mid = self.v.get("step_lo"), self.v.get("step_hi"), self.v.get("step_ms")
-        return (hi - lo) / mid if self.v.get("repeats", 0) >= 2 and mid else None
-
-    @property
-    def verdict(self) -> str:
-        return verdict(self.vs("step_ms"), self.reference.band if self.reference else None)
-
-
-def verdict(time_ratio: float | None, band: float | None) -> str:
-    """``faster``/``slower`` only outside the reference's repeat spread, else ``no measurable change``."""
-    if time_ratio is None:
-        return DASH
-    if band is None:
-        return "no verdict (1 repeat)"
-    if abs(time_ratio - 1) <= band:
-        return "no measurable change"
-    return "faster" if time_ratio < 1 else "slower"
-
-
-def _values(ok: list[dict]) -> dict[str, Any]:
-    def med(path: str) -> float | None:
-        return median([get_path(r, path) for r in ok])
-
-    steps = [s for s in (finite(get_path(r, "timing.step_time_median_ms")) for r in ok) if s is not None]
-    losses = [last_loss(r) for r in ok]
-    # Categories a newer instrument adds (communication buffers, say) get columns of their own.
-    keys = list(dict.fromkeys([*ANATOMY, *(k for r in ok for k in get_path(r, "memory.anatomy_mib") or {})]))
-    anatomy = {k: med(f"memory.anatomy_mib.{k}") for k in keys if k not in ("buffers", "total")}
-    anatomy["other"] = (anatomy["other"] or 0.0) + (med("memory.anatomy_mib.buffers") or 0.0)
-    return {"peak_mib": median([peak_mib(r) for r in ok]), "anatomy": anatomy,
-            "end_activations": max(finite(get_path(r, "memory.anatomy_end_mib.activations")) or 0 for r in ok),
-            "step_ms": median(steps), "step_lo": min(steps, default=None), "step_hi": max(steps, default=None),
-            "repeats": len(steps), "samples_per_s": med("timing.samples_per_s"), "mfu": med("flops.mfu"),
-            "loss": median([x[0] for x in losses]), "loss_samples": losses[0][1]}
-
-
-def _by_name(records: Sequence[dict], kind: str) -> dict[str, list[dict]]:
-    """The records a study wrote of ``kind`` (``run`` or ``budget``) per plan entry, in the order they were written."""
-    out: dict[str, list[dict]] = {}
-    for r in records:
-        if isinstance(s := r.get("study"), Mapping) and isinstance(s.get("name"), str) and s.get("kind") == kind:
-            out.setdefault(s["name"], []).append(r)
-    return out
-
-
-def build_rows(records: Sequence[dict]) -> list[Row]:
-    """The table's rows in plan order, each with its reference row set."""
-    rows, plans = [], {}
-    for name, group in _by_name(records, "run").items():
-        last = group[-1]
-        plans.setdefault(last["study"].get("plan"), len(plans))  # plans in the order they were first run
-        ok = [r for r in group if r["study"].get("config_hash") == last["study"].get("config_hash")
-              and r.get("status") == "ok"]
-        rows.append(Row(name, ok, "ok", v=_values(ok)) if ok
-                    else Row(name, [last], str(last.get("status")), error=last.get("error")))
-    rows.sort(key=lambda r: (plans[r.records[-1]["study"].get("plan")], r.records[-1]["study"].get("index", 0), r.name))
-    ranked = sorted((r for r in rows if r.ok), key=lambda r: not re.fullmatch(r"(.*[-_])?baseline", r.name))
-    refs = {row.model: row for row in reversed(ranked)}  # the first per model wins: its baseline, else its first run
-    for row in rows:
-        row.reference = refs.get(row.model)
-    return rows
+def optimizer_words(optimizer_impl: Any) -> str | None:
+    """``torch.optim.AdamW[foreach]`` as ``AdamW foreach``; None when the record does not name the kernel."""
+    if not isinstance(optimizer_impl, str) or "[" not in optimizer_impl:
+        return None
+    name, kernel = optimizer_impl.split("[", 1)
+    return f"{name.rsplit('.', 1)[-1]} {kernel.rstrip(']')}"
 
 
 def setup_text(record: Mapping) -> str:
     """The run's techniques in a few words: ``bf16-mixed, 32×4, ckpt block, AdamW foreach``."""
-    t = record.get("techniques") or {}
-    micro, acc, impl = t.get("micro_batch_size"), t.get("accumulate_grad_batches") or 1, t.get("optimizer_impl")
-    parts = [str(t.get("precision") or "?"), f"{micro}×{acc}" if acc != 1 else str(micro)]
-    parts += [f"{t.get('strategy')} ×{t['world_size']}"] if (t.get("world_size") or 1) != 1 else []
-    parts += [f"ckpt {t['gradient_checkpointing']}"] if t.get("gradient_checkpointing") not in (None, "off") else []
-    parts += [k for k in ("channels_last", "compile") if t.get(k)]
-    parts += ["system malloc"] if get_path(record, "config.cpu_malloc") == "system" else []
-    if isinstance(impl, str) and "[" in impl:
-        parts.append(f"{impl.rsplit('.', 1)[-1].split('[')[0]} {impl.split('[', 1)[1].rstrip(']')}")
+    techniques = record.get("techniques") or {}
+    micro = techniques.get("micro_batch_size")
+    accumulate = techniques.get("accumulate_grad_batches") or 1
+    batch = f"{micro}×{accumulate}" if accumulate != 1 else str(micro)
+    parts = [str(techniques.get("precision") or "?"), batch]
+    if (techniques.get("world_size") or 1) != 1:
+        parts.append(f"{techniques.get('strategy')} ×{techniques['world_size']}")
+    if techniques.get("gradient_checkpointing") not in (None, "off"):
+        parts.append(f"ckpt {techniques['gradient_checkpointing']}")
+    parts += [key for key in ("channels_last", "compile") if techniques.get(key)]
+    if get_path(record, "config.cpu_malloc") == "system":
+        parts.append("system malloc")
+    if kernel := optimizer_words(techniques.get("optimizer_impl")):
+        parts.append(kernel)
     return ", ".join(parts)
+
+
+def comparable_loss(row: Row) -> float | None:
+    """The row's training loss where it has seen as many samples as its reference row, else None."""
+    reference_samples = row.reference.figures.loss_samples if row.reference else None
+    samples = row.figures.loss_samples
+    return row.figures.loss if samples is not None and samples == reference_samples else None
+
+
+def repeat_spread(row: Row) -> str:
+    figures = row.figures
+    if row.band is None:
+        return f"{DASH} (1 repeat)"
+    return f"{sig(figures.step_lo)}–{sig(figures.step_hi)} ({figures.repeats})"
+
+
+class RowCost(NamedTuple):
+    """What a row's runs cost at the listed price of the devices they used: an estimate."""
+
+    per_epoch: float | None  # the measured epoch's wall time
+    per_1000_samples: float | None  # the steady-state step's samples/s
+    price: MachinePrice
+
+
+def devices_used(record: Mapping) -> int:
+    return int(get_path(record, "techniques.world_size", 1) or 1)
+
+
+def row_cost(row: Row) -> RowCost | None:
+    """The row's cost per epoch and per 1,000 samples; None where its device has no price."""
+    record = row.records[0]
+    price = machine_price(record.get("hardware") or {}, devices_used(record))
+    if price is None:
+        return None
+    samples_per_s = row.figures.samples_per_s
+    per_1000 = price.usd_per_hour * 1000 / samples_per_s / 3600 if samples_per_s else None
+    per_epoch = None
+    if row.epoch is not None:
+        epoch_price = machine_price(row.epoch.record.get("hardware") or {}, devices_used(row.epoch.record))
+        per_epoch = epoch_price.usd_per_hour * row.epoch.time_s / 3600 if epoch_price else None
+    return RowCost(per_epoch, per_1000, price)
+
+
+def epoch_text(row: Row) -> str:
+    return duration(row.epoch.time_s) if row.epoch else "not measured"
+
+
+def cost_cells(row: Row) -> list[str]:
+    cost = row_cost(row)
+    if cost is None:
+        return [DASH, DASH]
+    per_epoch = usd(cost.per_epoch) if cost.per_epoch is not None else "not measured"
+    return [per_epoch, usd(cost.per_1000_samples)]
+
+
+def price_notes(rows: Sequence[Row]) -> list[str]:
+    """One line per price the rows' costs use, and one for the devices without a price."""
+    priced = {cost.price.source: cost.price for row in rows if row.ok and (cost := row_cost(row))}
+    notes = [f"Cost (estimate): {price.what} at ${price.usd_per_hour:.4g}/h; {source}."
+             for source, price in priced.items()]
+    if any(row.ok and row_cost(row) is None for row in rows):
+        known = ", ".join(GPU_NAMES)
+        notes.append(f"Cost: – where the device has no listed price (GPUs priced: {known}).")
+    return notes
 
 
 def main_table(rows: Sequence[Row], marks: Mapping[str, str] | None = None) -> str:
     body = []
-    for r in (r for r in rows if r.ok):
-        ref_samples = r.reference.v["loss_samples"] if r.reference else None
-        loss = r.v["loss"] if r.v["loss_samples"] is not None and r.v["loss_samples"] == ref_samples else None
-        peak = "not measured" if r.v["peak_mib"] is None else sig(r.v["peak_mib"])  # an ok run without: compiled
-        letters = sorted({(marks or {}).get(provenance_group(x)) for x in r.records} - {None})
-        spread = (f"{sig(r.v['step_lo'])}–{sig(r.v['step_hi'])} ({r.v['repeats']})" if r.band is not None
-                  else f"{DASH} (1 repeat)")
-        body.append([r.name + (f" [{','.join(letters)}]" if letters else ""), setup_text(r.records[0]), peak,
-                     ratio(r.vs("peak_mib")), sig(r.v["step_ms"]), spread, ratio(r.vs("step_ms")), r.verdict,
-                     sig(r.v["samples_per_s"]), pct(r.v["mfu"]), sig(loss)])
+    for row in (row for row in rows if row.ok):
+        figures = row.figures
+        # An ok run without a peak is a compiled one: the tracker saw eager code only.
+        peak = "not measured" if figures.peak_mib is None else sig(figures.peak_mib)
+        letters = sorted({(marks or {}).get(provenance_group(record)) for record in row.records} - {None})
+        name = row.name + (f" [{','.join(letters)}]" if letters else "")
+        body.append([name, setup_text(row.records[0]), peak, ratio(row.vs("peak_mib")), sig(figures.step_ms),
+                     repeat_spread(row), ratio(row.vs("step_ms")), row.verdict, sig(figures.samples_per_s),
+                     pct(figures.mfu), epoch_text(row), *cost_cells(row), sig(comparable_loss(row))])
     header = ["run", "setup", "peak MiB", "memory vs base", "step ms (median of repeats)",
-              "repeat medians min–max (n)", "time vs base", "verdict", "samples/s", "MFU",
+              "repeat medians min–max (n)", "time vs base", "verdict", "samples/s", "MFU", "time per epoch",
+              "cost per epoch (est.)", "cost per 1,000 samples (est.)",
               f"train loss, last {LOSS_STEPS} steps"]
-    return table(header, body, "llrrrrrlrrr")
+    return table(header, body, "llrrrrrlrrrrrr")
+
+
+def epoch_table(rows: Sequence[Row]) -> str | None:
+    """Each measured epoch's composition: optimizer steps, their time with data loading, the validations."""
+    body = []
+    for row in (row for row in rows if row.ok and row.epoch):
+        epoch = row.epoch
+        steps = DASH if epoch.steps is None else epoch.steps
+        validations = DASH if epoch.validations is None else epoch.validations
+        body.append([row.name, duration(epoch.time_s), steps, duration(epoch.training_step_s), validations,
+                     duration(epoch.validation_s), pct(epoch.validation_share), epoch.record.get("run_id")])
+    header = ["run", "time per epoch", "optimizer steps", "per step, data loading included", "validations",
+              "validation time", "validation share", "epoch run"]
+    return table(header, body, "lrrrrrrl") if body else None
 
 
 def anatomy_table(rows: Sequence[Row]) -> str:
-    ok = [r for r in rows if r.ok]
-    keys = list(dict.fromkeys(k for r in ok for k in r.v["anatomy"]))
-    body = [[r.name, *(sig(r.v["anatomy"].get(k)) for k in keys), sig(r.v["peak_mib"]),
-             sig(r.v["end_activations"]) + (" (artifact)" if r.v["end_activations"] > 1 else "")] for r in ok]
-    return table(["run", *(k.replace("_", " ") for k in keys), "peak", "activations left after the step"], body)
+    ok = [row for row in rows if row.ok]
+    keys = list(dict.fromkeys(key for row in ok for key in row.figures.anatomy))
+    body = []
+    for row in ok:
+        left = row.figures.end_activations
+        cells = [sig(row.figures.anatomy.get(key)) for key in keys]
+        left_text = sig(left) + (" (artifact)" if left > 1 else "")
+        body.append([row.name, *cells, sig(row.figures.peak_mib), left_text])
+    header = ["run", *(key.replace("_", " ") for key in keys), "peak", "activations left after the step"]
+    return table(header, body)
 
 
-@dataclass
-class BudgetRow:
-    name: str
-    budget_mib: float
-    batch: int | None
-    predicted_mib: float | None
-    measured_mib: float | None
-    status: str
-    attempts: int
-    wall_s: float
-    records: list[dict]
-    vs_reference: float | None = None
-    over_batch: int | None = None  # the run at batch + a few percent, which must exceed the budget
-    over_mib: float | None = None
-
-    @property
-    def fits(self) -> bool:  # confirmed under the budget by a measured peak
-        return self.measured_mib is not None and self.measured_mib <= self.budget_mib
-
-
-def build_budget_rows(records: Sequence[dict], rows: Sequence[Row]) -> list[BudgetRow]:
-    """Per budget run, its latest series of attempts (from attempt 1) and where it ended, in plan order."""
-    out = []
-    for name, recs in _by_name(records, "budget").items():
-        over = [r for r in recs if r["study"].get("role") == "over"]
-        confirm = [r for r in recs if r["study"].get("role") != "over"]
-        starts = [i for i, r in enumerate(confirm) if r["study"].get("attempt") == 1]
-        if not starts:
-            continue
-        series = confirm[starts[-1]:]
-        s, last = series[-1]["study"], series[-1]
-        b = BudgetRow(name, float(s["budget_mib"]), s.get("predicted_batch"), finite(s.get("predicted_peak_mib")),
-                      peak_mib(last) if last.get("status") == "ok" else None, str(last.get("status")), len(series),
-                      sum(finite(get_path(r, "study.process_wall_s")) or 0 for r in series), series)
-        if over and over[-1]["study"].get("confirmed_batch") == b.batch:
-            b.over_batch = get_path(over[-1], "techniques.micro_batch_size")
-            b.over_mib = peak_mib(over[-1]) if over[-1].get("status") == "ok" else None
-        out.append(b)
-    out.sort(key=lambda b: b.records[-1]["study"].get("index", 0))
-    refs = {r.name: r.reference.name for r in rows if r.reference}
-    fitted = {b.name: b.batch for b in out if b.fits}
-    for b in out:
-        b.vs_reference = div(b.batch, fitted.get(refs.get(b.name))) if b.fits else None
-    return out
+def budget_outcome(row: BudgetRow) -> str:
+    """Whether the run a few percent over the largest batch exceeded the budget, as a table cell."""
+    if row.over_batch is None:
+        return "not run"
+    exceeds = "yes" if row.over_mib is not None and row.over_mib > row.budget_mib else "no"
+    return f"{exceeds}: batch {row.over_batch}, {sig(row.over_mib)} MiB"
 
 
 def budget_table(budget: Sequence[BudgetRow]) -> str:
-    def over(b: BudgetRow) -> str:
-        exceeds = "yes" if b.over_mib is not None and b.over_mib > b.budget_mib else "no"
-        return "not run" if b.over_batch is None else f"{exceeds}: batch {b.over_batch}, {sig(b.over_mib)} MiB"
-
-    body = [[b.name, DASH if b.batch is None else b.batch, sig(b.predicted_mib), sig(b.measured_mib),
-             "yes" if b.fits else ("no" if b.measured_mib is not None else b.status), b.attempts,
-             ratio(b.vs_reference), over(b)] for b in budget]
-    header = ["run", "largest batch", "predicted peak MiB", "confirmed peak MiB", "under budget", "confirming runs",
-              "batch vs base", "a few % more exceeds it"]
-    return table(header, body, "lrrrcrrl")
-
-
-def prediction_table(studies: Sequence[Any], tolerance: float = 0.05) -> str | None:
-    """Per run of the studies recorded with a prediction, the peak predicted before it ran beside the measured one."""
     body = []
-    for study in studies:
-        for r in (r for r in study.rows if r.ok and r.v["peak_mib"] is not None):
-            pred = next((get_path(x, "prediction.predicted_mib.total") for x in r.records if x.get("prediction")), None)
-            if finite(pred) is not None:
-                err = pred / r.v["peak_mib"] - 1
-                body.append([r.name, study.slug, sig(pred), sig(r.v["peak_mib"]), pct(err, signed=True),
-                             "within" if abs(err) <= tolerance else "misses"])
-    header = ["run", "machine", "predicted peak MiB", "measured peak MiB (median)", "error", f"within {pct(tolerance)}"]
-    return table(header, body, "llrrrl") if body else None
+    for row in budget:
+        if row.fits:
+            under = "yes"
+        else:
+            under = "no" if row.measured_mib is not None else row.status
+        body.append([row.name, DASH if row.batch is None else row.batch, sig(row.predicted_mib),
+                     sig(row.measured_mib), under, row.attempts, ratio(row.vs_reference),
+                     budget_outcome(row)])
+    header = ["run", "largest batch", "predicted peak MiB", "confirmed peak MiB", "under budget",
+              "confirming runs", "batch vs base", "a few % more exceeds it"]
+    return table(header, body, "lrrrcrrl")
 
 
 def attention_table(result: Mapping | None) -> str | None:
     """Per sequence length, each implementation's peak MiB and median step ms (``benchmarks/attention.py``'s
     ``results`` of ``{"impl", "seq", "status", "peak_mib", "median_ms"}``); None when there is no result."""
-    results = [r for r in (result or {}).get("results") or [] if isinstance(r, Mapping)]
-    impls, seqs = list(dict.fromkeys(r.get("impl") for r in results)), sorted({r.get("seq") for r in results})
-    cells = {(r.get("impl"), r.get("seq")): r for r in results}
+    results = [entry for entry in (result or {}).get("results") or [] if isinstance(entry, Mapping)]
+    if not results:
+        return None
+    implementations = list(dict.fromkeys(entry.get("impl") for entry in results))
+    lengths = sorted({entry.get("seq") for entry in results})
+    cells = {(entry.get("impl"), entry.get("seq")): entry for entry in results}
 
-    def cell(impl: str, seq: Any, key: str) -> str:
-        r = cells.get((impl, seq), {"status": DASH})
-        return sig(r.get(key)) if r.get("status") == "ok" else str(r.get("status"))
+    def cell(implementation: str, length: Any, key: str) -> str:
+        found = cells.get((implementation, length), {"status": DASH})
+        return sig(found.get(key)) if found.get("status") == "ok" else str(found.get("status"))
 
-    body = [[q, *(cell(i, q, "peak_mib") for i in impls), *(cell(i, q, "median_ms") for i in impls)] for q in seqs]
-    header = ["sequence length", *(f"{i} peak MiB" for i in impls), *(f"{i} step ms" for i in impls)]
-    return table(header, body) if results else None
+    body = [[length, *(cell(implementation, length, "peak_mib") for implementation in implementations),
+             *(cell(implementation, length, "median_ms") for implementation in implementations)]
+            for length in lengths]
+    header = ["sequence length", *(f"{implementation} peak MiB" for implementation in implementations),
+              *(f"{implementation} step ms" for implementation in implementations)]
+    return table(header, body)
+
+
+def scaleout_row(prediction: Any, one_device_samples_per_s: float) -> list[str]:
+    efficiency = prediction.samples_per_s / (prediction.devices * one_device_samples_per_s)
+    return [prediction.devices, f"{prediction.samples_per_step:,}", sig(prediction.comm_bytes / 2**20),
+            f"{sig(prediction.comm_s * 1e3, 2)} ms (estimate)",
+            f"{sig(prediction.comm_exposed_s * 1e3, 2)} ms (estimate)",
+            f"{sig(prediction.step_s * 1e3, 2)} ms (estimate)", f"{pct(efficiency)} (estimate)"]
 
 
 def scaleout_table(record: Mapping, devices: Sequence[int] = (1, 8, 512)) -> str | None:
-    """Data parallelism of this record's job at ``devices`` GPUs, by the planner, from an estimated GPU step
-    (:data:`PUBLISHED_A100_FLOPS_PER_S`); None where the record lacks its FLOPs or what the planner needs."""
-    from modelwright import planner  # here: the package's formatters should not pull in the planner
-
+    """Data parallelism of this record's job at ``devices`` A100s, by the planner, from an estimated A100 step
+    (:data:`PUBLISHED_A100_FLOPS_PER_S`) and the A100's network; None where the record lacks its FLOPs or
+    what the planner needs."""
     flops = finite(get_path(record, "flops.flops_per_step"))
     if not flops:
         return None
     try:
-        spec = dataclasses.replace(planner.spec_from_record(record),
-                                   step_time_ms=1e3 * flops / PUBLISHED_A100_FLOPS_PER_S)
+        measured = planner.spec_from_record(record)
     except KeyError as err:
         print(f"report: no scale-out table ({err})", file=sys.stderr)
         return None
-    a = planner.Assumptions()
-    preds = [planner.predict_step(spec, "dp", n, a) for n in devices]
-    one = preds[0].samples_per_s
-    body = [[n, f"{p.samples_per_step:,}", sig(p.comm_bytes / 2**20), f"{sig(p.comm_s * 1e3, 2)} ms (estimate)",
-             f"{sig(p.step_s * 1e3, 2)} ms (estimate)", f"{pct(p.samples_per_s / (n * one))} (estimate)"]
-            for n, p in zip(devices, preds, strict=True)]
-    knobs = (f"{a.device}, {a.bandwidth(1):g} GB/s per GPU inside a node of {a.gpus_per_node}, "
-             f"{a.bandwidth(a.gpus_per_node + 1):g} GB/s between nodes; overlap_fraction = {a.overlap_fraction}")
-    return table(["GPUs", "global batch", "gradient MiB sent per GPU per step", "communication per step",
-                  "step time", "scaling efficiency"], body) + f"\n\nPlanner assumptions: {knobs}."
+    spec = dataclasses.replace(measured, step_time_ms=1e3 * flops / PUBLISHED_A100_FLOPS_PER_S)
+    # The step's rate and the network are the same GPU's: airbench measured its rate on an A100.
+    assumptions = planner.Assumptions(device="A100 80GB")
+    predictions = [planner.predict_step(spec, "dp", gpus, assumptions) for gpus in devices]
+    body = [scaleout_row(prediction, predictions[0].samples_per_s) for prediction in predictions]
+    fabric = planner.scale.FABRICS[assumptions.device]
+    knobs = (f"{assumptions.device}, {fabric.intra_node_gb_per_s:g} GB/s per GPU inside a node of "
+             f"{assumptions.gpus_per_node} and {fabric.inter_node_gb_per_s:g} GB/s per GPU between nodes "
+             f"({fabric.source}); {planner.scale.LATENCY_SOURCE}; gradients in 25 MiB buckets, the last one "
+             f"exposed, the others hidden behind up to {assumptions.overlap_fraction:.0%} of backward "
+             "(backward = 2/3 of the step); rings only: from NCCL 2.4 on, trees take over where a ring's "
+             "2(N−1) latencies dominate, so at hundreds of GPUs the latency here is an upper bound")
+    header = ["GPUs", "global batch", "gradient MiB sent per GPU per step", "communication per step",
+              "of it exposed", "step time", "scaling efficiency"]
+    return table(header, body) + f"\n\nPlanner assumptions: {knobs}."
