@@ -31,60 +31,67 @@ class Mutation:
     path: str
     old: str
     new: str
-    tests: tuple[str, ...]  # pytest node ids or files, with -k filters as "file::test" or "file -k expr"
+    tests: tuple[str, ...]  # pytest node ids or test files
 
+
+CALLBACKS = "tests/test_callbacks.py::"
+RELIABILITY = "tests/test_reliability.py::"
+MEASURE = "tests/test_measure.py::"
+ACCELERATE = "tests/test_accelerate_loop.py::"
+VALIDATION_INSIDE = CALLBACKS + "test_a_validation_inside_the_captured_step_stays_out_of_the_capture"
 
 MUTATIONS = (
     # -- the step probe (issue #24)
     Mutation("probe: evaluations enter the capture", "src/modelwright/measure/memory.py",
              "        tracker.pause()\n", "        pass\n",
-             ("tests/test_memtracker.py", "tests/test_callbacks.py::test_a_validation_inside_the_captured_step_stays_out_of_the_capture")),
+             ("tests/test_memtracker.py", VALIDATION_INSIDE)),
     Mutation("probe: a step with an evaluation inside is timed", "src/modelwright/measure/probe.py",
              "        disturbed = self._capture is not None or self._evaluated_in_step",
              "        disturbed = self._capture is not None",
-             ("tests/test_callbacks.py::test_a_validation_inside_the_captured_step_stays_out_of_the_capture",)),
+             (VALIDATION_INSIDE,)),
     Mutation("probe: the allocator peak not reset when the window opens", "src/modelwright/measure/probe.py",
              "            reset_peak_memory(self.device)\n", "            pass\n",
-             ("tests/test_measure.py::test_the_probe_resets_the_allocator_peak_when_the_window_opens",)),
+             (MEASURE + "test_the_probe_resets_the_allocator_peak_when_the_window_opens",)),
     Mutation("probe: the anatomy step timed", "src/modelwright/measure/probe.py",
              "        self.timer.stop(exclude=disturbed)", "        self.timer.stop(exclude=False)",
-             ("tests/test_callbacks.py::test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record",)),
+             (CALLBACKS + "test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record",)),
     Mutation("probe: perf/ logged one step late (global_step)", "callbacks/run_monitor.py",
              "        log_scalars(trainer, reading.scalars, reading.step)",
              "        log_scalars(trainer, reading.scalars, reading.step + 1)",
-             ("tests/test_callbacks.py::test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record",)),
+             (CALLBACKS + "test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record",)),
     Mutation("probe: an epoch cut short counted as whole", "src/modelwright/measure/probe.py",
              "        if epoch is not None and expected_steps is not None and epoch.steps == expected_steps:",
              "        if epoch is not None:",
-             ("tests/test_callbacks.py::test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record",
-              "tests/test_reliability.py::test_the_record_exists_while_the_run_runs_and_survives_a_kill_in_its_last_write")),
+             (CALLBACKS + "test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record",
+              RELIABILITY + "test_the_record_exists_while_the_run_runs_and_survives_a_kill_in_its_last_write")),
     Mutation("probe: skip stops one step late", "src/modelwright/measure/divergence.py",
              "self.skipped_steps > self.max_skipped_steps", "self.skipped_steps > self.max_skipped_steps + 1",
-             ("tests/test_measure.py::test_skip_stops_the_run_only_past_max_skipped_steps",)),
+             (MEASURE + "test_skip_stops_the_run_only_past_max_skipped_steps",)),
     Mutation("probe: skip stops one step early (>=)", "src/modelwright/measure/divergence.py",
              "self.skipped_steps > self.max_skipped_steps", "self.skipped_steps >= self.max_skipped_steps",
-             ("tests/test_measure.py::test_skip_stops_the_run_only_past_max_skipped_steps",)),
+             (MEASURE + "test_skip_stops_the_run_only_past_max_skipped_steps",)),
     Mutation("accelerate: the record without mfu", "src/modelwright/measure/probe.py",
              '            "mfu": mfu(per_step, median_s, self.peak.flops_per_s),',
              '            "mfu": None,',
-             ("tests/test_accelerate_loop.py::test_fp32_losses_match_lightning_step_by_step",)),
+             (ACCELERATE + "test_fp32_losses_match_lightning_step_by_step",)),
     # -- stop and resume (issue #25)
     Mutation("stop: SIGTERM's handler not kept after teardown", "callbacks/fault_tolerance.py",
              "        _STOP.install()\n\n    def on_train_start", "        pass\n\n    def on_train_start",
-             ("tests/test_reliability.py::test_a_second_sigterm_as_the_process_exits_keeps_the_exit_status_143",)),
+             (RELIABILITY + "test_a_second_sigterm_as_the_process_exits_keeps_the_exit_status_143",)),
     Mutation("stop: Ctrl-C's exit status 1", "callbacks/fault_tolerance.py",
              "            exception.code = 128 + int(signum)", "            exception.code = 1",
-             ("tests/test_reliability.py::test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_command_that_resumes_exactly",)),
+             (RELIABILITY + "test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_command_that_resumes_exactly",
+              )),
     Mutation("record: no running record", "callbacks/run_monitor.py",
              "        if trainer.is_global_zero and not trainer.fast_dev_run and not self._done:",
              "        if False:",
-             ("tests/test_reliability.py::test_the_record_exists_while_the_run_runs_and_survives_a_kill_in_its_last_write",)),
+             (RELIABILITY + "test_the_record_exists_while_the_run_runs_and_survives_a_kill_in_its_last_write",)),
     Mutation("record: writes not atomic", "src/modelwright/record.py",
              "        os.replace(tmp, path)", "        shutil.copyfile(tmp, path)\n        os.unlink(tmp)",
              ("tests/test_record.py",)),
     Mutation("accelerate: the version counted, not the next free one", "src/modelwright/loops/accelerate.py",
              "        number = max(numbers, default=-1) + 1", "        number = len(numbers)",
-             ("tests/test_accelerate_loop.py::test_a_run_takes_the_next_free_version_and_never_writes_into_one",)),
+             (ACCELERATE + "test_a_run_takes_the_next_free_version_and_never_writes_into_one",)),
 )
 
 
