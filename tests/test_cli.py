@@ -11,7 +11,7 @@ from conftest import REPO_ROOT, fit_args
 
 from modelwright.train.cli import cli_main
 
-CONFIGS = sorted(p.name for p in (REPO_ROOT / "configs").glob("*.yaml"))
+CONFIGS = sorted(path.name for path in (REPO_ROOT / "configs").glob("*.yaml"))
 DISTRIBUTED = {"ddp.yaml", "fsdp2.yaml"}
 GPU_ONLY = {"fsdp.yaml"}
 
@@ -20,10 +20,11 @@ def _versions(log_dir: Path) -> list[Path]:
     return sorted(log_dir.glob("*/version_*"))
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if c not in DISTRIBUTED | GPU_ONLY])
+@pytest.mark.parametrize("config", [name for name in CONFIGS if name not in DISTRIBUTED | GPU_ONLY])
 def test_config_trains(config, tmp_path):
-    """Each experiment file trains and checkpoints (the two-process ones: tests/test_distributed.py). The small CNN
-    stands in for resnet18: the point is the file's techniques together, and bf16 is emulated on many CPUs."""
+    """Each experiment file trains and checkpoints (the two-process ones: tests/test_distributed.py). The
+    small CNN stands in for resnet18: the point is the file's techniques together, and bf16 is emulated on
+    many CPUs."""
     rc = cli_main(fit_args(tmp_path, "--config", f"configs/{config}", "--trainer.max_steps", "2",
                            "--model.model_name", "smallcnn"))
     assert rc == 0
@@ -34,7 +35,8 @@ def test_config_trains(config, tmp_path):
 
 
 def test_checkpointing_switched_off_by_its_flag(tmp_path, caplog):
-    """base.yaml lists ModelCheckpoint callbacks; `--trainer.enable_checkpointing false` alone switches them off."""
+    """base.yaml lists ModelCheckpoint callbacks; `--trainer.enable_checkpointing false` alone switches them
+    off."""
     rc = cli_main(fit_args(tmp_path, "--trainer.max_steps", "2", "--trainer.enable_checkpointing", "false"))
     assert rc == 0
     (version,) = _versions(tmp_path)
@@ -65,11 +67,12 @@ def test_resume_from_last(tmp_path):
     common = fit_args(tmp_path, *small, "--trainer.max_epochs", "1")
     assert cli_main(common) == 0
     # Another seed: a fresh start would initialise other weights and draw another data order.
-    assert cli_main([*common, "--trainer.max_epochs", "2", "--ckpt_path", "last", "--seed_everything", "7"]) == 0
+    resume = [*common, "--trainer.max_epochs", "2", "--ckpt_path", "last", "--seed_everything", "7"]
+    assert cli_main(resume) == 0
     first, second = _versions(tmp_path)
     done = torch.load(first / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     resumed = torch.load(second / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
-    assert done["global_step"] == 4 and resumed["global_step"] == 8, "resumed after epoch 0's 4 steps, ran 4 more"
+    assert done["global_step"] == 4 and resumed["global_step"] == 8, "resumed after epoch 0's 4 steps, ran 4"
     history = json.loads((second / "record.json").read_text())["history"]["train/loss"]
     assert history[0][0] > 4, "the second run's history starts where the first stopped"
     uninterrupted = tmp_path / "whole"
@@ -77,7 +80,8 @@ def test_resume_from_last(tmp_path):
     (whole,) = _versions(uninterrupted)
     whole = torch.load(whole / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     for name, tensor in whole["state_dict"].items():
-        assert torch.equal(tensor, resumed["state_dict"][name]), f"{name}: the resume is not the uninterrupted run"
+        same = torch.equal(tensor, resumed["state_dict"][name])
+        assert same, f"{name}: the resume is not the uninterrupted run"
 
 
 BAD_INPUTS = {
@@ -148,7 +152,8 @@ TRAINER_REFUSALS = {
     "max_steps -2": (["--trainer.max_steps", "-2"], "trainer.max_steps"),
     # Lightning accepts these, and a negative clip value flips the sign of the gradients.
     "negative clip": (["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val"),
-    "validation every 0 epochs": (["--trainer.check_val_every_n_epoch", "0"], "trainer.check_val_every_n_epoch"),
+    "validation every 0 epochs": (["--trainer.check_val_every_n_epoch", "0"],
+                                  "trainer.check_val_every_n_epoch"),
 }
 
 
@@ -166,8 +171,8 @@ def _zip(path: Path) -> Path:
     import zipfile
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w") as z:
-        z.writestr("data.pkl", b"x")
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("data.pkl", b"x")
     return path
 
 
@@ -175,10 +180,11 @@ def test_last_is_the_latest_runs_newest_loadable_checkpoint(tmp_path):
     from modelwright.errors import ConfigError
     from modelwright.train.cli import find_last_checkpoint
 
-    assert find_last_checkpoint(tmp_path) is None, "nothing to resume: `last` starts afresh, as Lightning's does"
+    assert find_last_checkpoint(tmp_path) is None, "nothing to resume: `last` starts afresh, as Lightning's"
     older = _zip(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
     good = _zip(tmp_path / "version_1" / "checkpoints" / "last-step.ckpt")
-    (tmp_path / "version_1" / "checkpoints" / "last.ckpt").write_bytes(b"")  # a full disk left it empty, newer
+    # a full disk left it empty, newer
+    (tmp_path / "version_1" / "checkpoints" / "last.ckpt").write_bytes(b"")
     assert find_last_checkpoint(tmp_path) == good
     (tmp_path / "version_2").mkdir()  # the latest run was killed before its first checkpoint
     with pytest.raises(ConfigError, match="version_2 has no loadable checkpoint.*version_1.*last-step.ckpt"):

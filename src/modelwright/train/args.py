@@ -1,8 +1,9 @@
-"""The ``model:``, ``data:`` and (for the Accelerate loop) ``trainer:`` sections of a config as plain dataclasses that
-check themselves; no Lightning.
+"""The ``model:``, ``data:`` and (for the Accelerate loop) ``trainer:`` sections of a config as plain
+dataclasses that check themselves; no Lightning.
 
-The Accelerate loop parses the sections with them; ImageClassifier and ImageDataModule keep the typed ``__init__``
-that is LightningCLI's schema and pass it through them, so a field added to one side alone fails every run at once.
+The Accelerate loop parses the sections with them; ImageClassifier and ImageDataModule keep the typed
+``__init__`` that is LightningCLI's schema and pass it through them, so a field added to one side alone fails
+every run at once.
 """
 
 from collections.abc import Mapping
@@ -13,7 +14,7 @@ from typing import Literal, TypeVar
 from modelwright.errors import require
 from modelwright.precision import PRECISIONS, precision
 
-CIFAR10_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
+CIFAR10_FILES = (*(f"data_batch_{number}" for number in range(1, 6)), "test_batch", "batches.meta")
 
 
 @dataclass
@@ -38,7 +39,8 @@ class ModelArgs:
         require(self.lr > 0, f"model.lr: must be positive, got {self.lr}")
         require(self.weight_decay >= 0, f"model.weight_decay: must be >= 0, got {self.weight_decay}")
         require(0 <= self.momentum < 1, f"model.momentum: must be in [0, 1), got {self.momentum}")
-        require(0 <= self.label_smoothing < 1, f"model.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        require(0 <= self.label_smoothing < 1,
+                f"model.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
 
 
 @dataclass
@@ -67,14 +69,16 @@ class DataArgs:
         if self.dataset == "cifar10" and not self.download:  # CIFAR-10's python-format batches must be there
             folder = Path(self.data_dir) / "cifar-10-batches-py"
             missing = [name for name in CIFAR10_FILES if not (folder / name).is_file()]
-            require(not missing, f"data.data_dir: no CIFAR-10 files in {folder} (missing {', '.join(missing)}); "
-                    "set data.download: true or point data.data_dir at an extracted cifar-10-python.tar.gz")
+            require(not missing, f"data.data_dir: no CIFAR-10 files in {folder} (missing "
+                    f"{', '.join(missing)}); set data.download: true or point data.data_dir at an extracted "
+                    "cifar-10-python.tar.gz")
 
 
 @dataclass
 class TrainerArgs:
     """``trainer:``: the keys the loop applies; then Lightning's plumbing (devices: the launcher decides;
-    logger: only its ``init_args.name``; callbacks, plugins, checkpoints, progress bar), accepted and ignored."""
+    logger: only its ``init_args.name``; callbacks, plugins, checkpoints, progress bar), accepted and
+    ignored."""
 
     precision: str | int = "32-true"
     accumulate_grad_batches: int = 1
@@ -99,21 +103,31 @@ class TrainerArgs:
     num_sanity_val_steps: int | None = None
 
     def __post_init__(self) -> None:
-        mixed = [p.name for p in PRECISIONS.values() if p.accelerate is not None]
+        mixed = [entry.name for entry in PRECISIONS.values() if entry.accelerate is not None]
         require(precision(self.precision).accelerate is not None,
                 f"trainer.precision: {self.precision!r} is not run by the accelerate loop; "
                 f"valid here: {', '.join(mixed)}")
-        strategy = self.strategy if isinstance(self.strategy, str) else str(self.strategy.get("class_path"))
+        strategy = self.strategy
+        if not isinstance(strategy, str):
+            strategy = str(strategy.get("class_path"))
         require(strategy in ("auto", "ddp") or strategy.endswith(".DDPStrategy"),
-                f"trainer.strategy: {strategy} is not run by the accelerate loop (data parallel only); use main.py fit")
+                f"trainer.strategy: {strategy} is not run by the accelerate loop (data parallel only); "
+                "use main.py fit")
         for key in ("accumulate_grad_batches", "check_val_every_n_epoch", "log_every_n_steps"):
-            require(getattr(self, key) >= 1, f"trainer.{key}: must be an integer >= 1, got {getattr(self, key)}")
-        require(self.max_epochs != -1 or self.max_steps != -1, "trainer.max_epochs: -1 with max_steps -1 never ends")
+            value = getattr(self, key)
+            require(value >= 1, f"trainer.{key}: must be an integer >= 1, got {value}")
+        require(self.max_epochs != -1 or self.max_steps != -1,
+                "trainer.max_epochs: -1 with max_steps -1 never ends")
 
 
 def limited_batches(length: int, limit: int | float | None) -> int:
-    """The batches of a loader of ``length`` that Lightning's ``limit_*_batches`` (a count or a fraction) leaves."""
-    return length if limit is None else min(length, limit if isinstance(limit, int) else int(length * limit))
+    """The batches of a loader of ``length`` that Lightning's ``limit_*_batches`` (a count or a fraction)
+    leaves."""
+    if limit is None:
+        return length
+    if isinstance(limit, int):
+        return min(length, limit)
+    return min(length, int(length * limit))
 
 
 Args = TypeVar("Args", ModelArgs, DataArgs)
@@ -121,4 +135,4 @@ Args = TypeVar("Args", ModelArgs, DataArgs)
 
 def from_hparams(cls: type[Args], hparams: Mapping) -> Args:
     """``cls`` from a Lightning class's saved hyperparameters (LightningCLI adds keys of its own there)."""
-    return cls(**{f.name: hparams[f.name] for f in fields(cls)})
+    return cls(**{argument.name: hparams[argument.name] for argument in fields(cls)})
