@@ -1,4 +1,5 @@
-"""The CLI end to end: every config trains, runs log what they should, bad input fails cleanly."""
+"""The CLI end to end: every config trains, runs log what they should, config names resolve (the corpus of
+bad inputs: tests/test_bad_inputs.py)."""
 
 from __future__ import annotations
 
@@ -84,43 +85,6 @@ def test_resume_from_last(tmp_path):
         assert same, f"{name}: the resume is not the uninterrupted run"
 
 
-BAD_INPUTS = {
-    "unknown model": (["--model.model_name", "resnet1000"], "model.model_name"),
-    "unknown precision": (["--trainer.precision", "17-mixed"], "trainer.precision"),
-    "accumulate 0": (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches"),
-    "accumulate -1": (["--trainer.accumulate_grad_batches", "-1"], "trainer.accumulate_grad_batches"),
-    "missing config": (["--config", "configs/does-not-exist.yaml"], "does-not-exist.yaml"),
-    "negative batch": (["--data.batch_size", "-8"], "data.batch_size"),
-    "no cifar files": (["--data.dataset", "cifar10", "--data.data_dir", "{tmp}/empty"], "data.data_dir"),
-    "negative lr": (["--model.lr", "-0.1"], "model.lr"),
-    "granularity the model lacks": (["--model.model_name", "vit", "--model.gradient_checkpointing", "stage"],
-                                    "model.gradient_checkpointing"),
-    "unknown key": (["--model.learning_rate", "0.1"], "model.learning_rate"),
-    "wrong type": (["--data.batch_size", "many"], "data.batch_size"),
-    "missing checkpoint": (["--ckpt_path", "{tmp}/nothing.ckpt"], "ckpt_path"),
-    "corrupted checkpoint": (["--ckpt_path", "{tmp}/corrupt.ckpt"], "corrupt.ckpt"),
-    "log dir that cannot be made": (["--trainer.logger.init_args.save_dir", "{tmp}/a-file/logs"], "save_dir"),
-    "unreadable config": (["--config", "{tmp}/broken.yaml"], "broken.yaml"),
-    "fsdp on cpu": (["--trainer.strategy", "fsdp", "--trainer.accelerator", "cpu"], "trainer.strategy"),
-    "zero validation size": (["--data.val_size", "0"], "data.val_size"),
-    "unknown malloc mode": (["--cpu_malloc", "fast"], "cpu_malloc"),
-}
-
-
-@pytest.mark.parametrize("case", BAD_INPUTS, ids=list(BAD_INPUTS))
-def test_bad_input_fails_in_one_line(case, tmp_path, capsys):
-    args, key = BAD_INPUTS[case]
-    (tmp_path / "corrupt.ckpt").write_bytes(b"PK\x03\x04 not really a checkpoint")
-    (tmp_path / "a-file").write_text("a file where a folder should be")
-    (tmp_path / "broken.yaml").write_text("model: [unclosed\n")
-    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    log_dir = tmp_path / "logs"
-    assert cli_main(fit_args(log_dir, *args, "--trainer.max_steps", "1")) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and key in err[0], err
-    assert not _versions(log_dir), "no log version is left behind"
-
-
 def test_bare_config_name_resolves_to_configs(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["fit", "--config", "amp.yaml", "--print_config"])
@@ -144,29 +108,6 @@ def test_generic_optimizer_flags_point_to_the_model(flag, capsys):
     assert line.startswith(f"error: {flag[2:]}:") and "--model.optimizer" in line
 
 
-TRAINER_REFUSALS = {
-    "devices 0": (["--trainer.devices", "0"], "trainer.devices"),
-    "num_nodes 0": (["--trainer.num_nodes", "0"], "trainer.num_nodes"),
-    "limit_train_batches 1.5": (["--trainer.limit_train_batches", "1.5"], "trainer.limit_train_batches"),
-    "max_epochs -2": (["--trainer.max_epochs", "-2"], "trainer.max_epochs"),
-    "max_steps -2": (["--trainer.max_steps", "-2"], "trainer.max_steps"),
-    # Lightning accepts these, and a negative clip value flips the sign of the gradients.
-    "negative clip": (["--trainer.gradient_clip_val", "-1"], "trainer.gradient_clip_val"),
-    "validation every 0 epochs": (["--trainer.check_val_every_n_epoch", "0"],
-                                  "trainer.check_val_every_n_epoch"),
-}
-
-
-@pytest.mark.parametrize("case", TRAINER_REFUSALS, ids=list(TRAINER_REFUSALS))
-def test_trainer_refusals_are_one_line(case, tmp_path, capsys):
-    args, key = TRAINER_REFUSALS[case]
-    log_dir = tmp_path / "logs"
-    assert cli_main(fit_args(log_dir, *args)) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: {key}:"), err
-    assert not _versions(log_dir)
-
-
 def _zip(path: Path) -> Path:
     import zipfile
 
@@ -178,7 +119,7 @@ def _zip(path: Path) -> Path:
 
 def test_last_is_the_latest_runs_newest_loadable_checkpoint(tmp_path):
     from modelwright.errors import ConfigError
-    from modelwright.train.cli import find_last_checkpoint
+    from modelwright.train.checkpoints import find_last_checkpoint
 
     assert find_last_checkpoint(tmp_path) is None, "nothing to resume: `last` starts afresh, as Lightning's"
     older = _zip(tmp_path / "version_0" / "checkpoints" / "last.ckpt")

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from modelwright.train._internals import (
     CLI_HPARAM_KEYS,
     LIGHTNING_LOGGERS,
-    HeldLightningLogs,
+    HeldLogs,
     SkippingDataLoader,
     fit_progress,
     own_hyperparameters,
@@ -94,7 +94,7 @@ def listener():
 
 
 def test_lightnings_startup_lines_are_held_then_released_or_dropped(listener):
-    held = HeldLightningLogs()
+    held = HeldLogs(LIGHTNING_LOGGERS)
     held.hold()
     seed_everything(3)
     assert listener == [], "Lightning logs 'Seed set to' elsewhere: LIGHTNING_LOGGERS is stale"

@@ -28,5 +28,10 @@ def one_line(err: BaseException) -> str:
     if given and choices:
         valid = choices.replace("'", "")
         return f"{key}: invalid value {given.group(1).strip()!r}; valid: {valid}"
+    # a union's refusal lists each member's; None's ("Expected a <class 'NoneType'>") says nothing
+    members = re.findall(r"^\s*- (.+)$", body, re.M)
+    reasons = [reason.strip() for reason in members if "NoneType" not in reason]
+    if given and reasons:
+        return f"{key}: invalid value {given.group(1).strip()!r} ({'; '.join(reasons)})"
     first_line = body.strip().splitlines()[0].strip()
     return f"{key}: {first_line}"

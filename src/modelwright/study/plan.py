@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from modelwright import REPO_ROOT
-from modelwright.errors import ConfigError, one_line, require
+from modelwright.errors import ConfigError, require
+from modelwright.inputs import read_yaml
 from modelwright.record import get_path, to_jsonable
 
 PLAN_KEYS = {"model", "warmup_steps", "measured_steps", "repeats", "val_batches", "budget", "runs",
@@ -85,11 +84,7 @@ def _known(mapping: Mapping, keys: set[str], where: str) -> None:
 
 def _read_plan_file(path: Path, where: str) -> dict:
     require(path.is_file(), f"plan: no plan file at {where}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{where}: not valid YAML ({one_line(err)})") from None
-    require(isinstance(data, dict), f"{where}: a plan is a mapping with a 'runs' list")
+    data = read_yaml("plan", path)  # a mapping, read strictly: a duplicated key, an empty file are refused
     _known(data, PLAN_KEYS, where)
     return data
 

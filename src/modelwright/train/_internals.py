@@ -1,6 +1,7 @@
 """The one place where the training core leans on what torch and Lightning do not promise: a DataLoader's
-index sampler, the layout of a Lightning checkpoint, the keys LightningCLI adds to saved hyperparameters, and
-the names of Lightning's loggers. ``tests/test_internals.py`` fails when a library changes any of them."""
+index sampler, the layout of a Lightning checkpoint (and of a sharded one's folder), the keys LightningCLI
+adds to saved hyperparameters, and the names of Lightning's loggers. ``tests/test_internals.py`` fails when a
+library changes any of them."""
 
 import contextlib
 import functools
@@ -9,12 +10,17 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from lightning.fabric.utilities.load import _METADATA_FILENAME
 from torch.utils.data import DataLoader
 
 #: Keys LightningCLI puts into ``save_hyperparameters()`` beside a class's own arguments.
 CLI_HPARAM_KEYS = ("_instantiator", "_class_path")
+#: The file of a sharded (distributed) Lightning checkpoint folder that holds all but the tensors.
+SHARDED_METADATA_FILE = _METADATA_FILENAME
 #: The loggers Lightning writes its start-up lines to ("Seed set to 0", "GPU available: ...").
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric")
+#: The same, and the project's own (its notes on the config).
+STARTUP_LOGGERS = (*LIGHTNING_LOGGERS, "modelwright")
 
 
 class _SkipFirst:
@@ -67,11 +73,13 @@ class _Holding(logging.Handler):
         self.records.append(record)
 
 
-class HeldLightningLogs:
-    """Lightning's start-up lines, held back from :meth:`hold` until :meth:`release` (then written as they
-    would have been) or :meth:`drop` (a refused run prints none of them)."""
+class HeldLogs:
+    """The lines of ``loggers`` (default :data:`STARTUP_LOGGERS`), held back from :meth:`hold` until
+    :meth:`release` (then written as they would have been) or :meth:`drop` (a refused run prints none of
+    them)."""
 
-    def __init__(self) -> None:
+    def __init__(self, loggers: tuple[str, ...] = STARTUP_LOGGERS) -> None:
+        self.loggers = loggers
         self._holding: _Holding | None = None
         self._saved: list[tuple[logging.Logger, list[logging.Handler], bool]] = []
 
@@ -79,7 +87,7 @@ class HeldLightningLogs:
         if self._holding is not None:
             return
         self._holding = _Holding()
-        for name in LIGHTNING_LOGGERS:
+        for name in self.loggers:
             logger = logging.getLogger(name)
             self._saved.append((logger, logger.handlers[:], logger.propagate))
             logger.handlers = [self._holding]
@@ -102,7 +110,7 @@ class HeldLightningLogs:
         self._restore()
 
     @contextlib.contextmanager
-    def dropped_unless_released(self) -> Iterator["HeldLightningLogs"]:
+    def dropped_unless_released(self) -> Iterator["HeldLogs"]:
         try:
             yield self
         finally:

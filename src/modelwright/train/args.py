@@ -7,11 +7,12 @@ every run at once.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal, TypeVar
 
 from modelwright.errors import require
+from modelwright.inputs import require_creatable_folder, require_file, require_folder
 from modelwright.precision import PRECISIONS, precision
 
 CIFAR10_FILES = (*(f"data_batch_{number}" for number in range(1, 6)), "test_batch", "batches.meta")
@@ -66,12 +67,28 @@ class DataArgs:
         require(self.noise >= 0, f"data.noise: must be >= 0, got {self.noise}")
         require(not self.persistent_workers or self.num_workers > 0,
                 "data.persistent_workers: needs data.num_workers > 0")
-        if self.dataset == "cifar10" and not self.download:  # CIFAR-10's python-format batches must be there
-            folder = Path(self.data_dir) / "cifar-10-batches-py"
-            missing = [name for name in CIFAR10_FILES if not (folder / name).is_file()]
-            require(not missing, f"data.data_dir: no CIFAR-10 files in {folder} (missing "
-                    f"{', '.join(missing)}); set data.download: true or point data.data_dir at an extracted "
-                    "cifar-10-python.tar.gz")
+        if self.dataset == "cifar10":
+            self._check_cifar10()
+
+    def _check_cifar10(self) -> None:
+        """CIFAR-10's python-format batches are there, readable and whole (torchvision's MD5s), or may be
+        downloaded into a folder that exists or can be made."""
+        if self.download:
+            require_creatable_folder("data.data_dir", self.data_dir)
+            return
+        require_folder("data.data_dir", self.data_dir)
+        folder = Path(self.data_dir) / "cifar-10-batches-py"
+        missing = [name for name in CIFAR10_FILES if not (folder / name).is_file()]
+        require(not missing, f"data.data_dir: no CIFAR-10 files in {folder} (missing {', '.join(missing)}); "
+                "set data.download: true or point data.data_dir at an extracted cifar-10-python.tar.gz")
+        from torchvision.datasets import CIFAR10
+        from torchvision.datasets.utils import check_integrity
+
+        checksums = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
+        for name, md5 in checksums:
+            path = require_file("data.data_dir", folder / name)
+            require(check_integrity(str(path), md5), f"data.data_dir: {path} is not CIFAR-10's (its MD5 "
+                    "differs: a corrupt or partial file); remove the folder and set data.download: true")
 
 
 @dataclass
@@ -113,11 +130,9 @@ class TrainerArgs:
         require(strategy in ("auto", "ddp") or strategy.endswith(".DDPStrategy"),
                 f"trainer.strategy: {strategy} is not run by the accelerate loop (data parallel only); "
                 "use main.py fit")
-        for key in ("accumulate_grad_batches", "check_val_every_n_epoch", "log_every_n_steps"):
-            value = getattr(self, key)
-            require(value >= 1, f"trainer.{key}: must be an integer >= 1, got {value}")
-        require(self.max_epochs != -1 or self.max_steps != -1,
-                "trainer.max_epochs: -1 with max_steps -1 never ends")
+        from modelwright.train.checks import check_trainer  # the checks main.py fit makes, one module below
+
+        check_trainer(asdict(self))
 
 
 def limited_batches(length: int, limit: int | float | None) -> int:

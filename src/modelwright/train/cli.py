@@ -1,10 +1,11 @@
 """The command line: LightningCLI over :class:`ImageClassifier` and :class:`ImageDataModule`.
 
-To run: ``uv run main.py fit --config configs/amp.yaml`` (``configs/base.yaml`` is always loaded first). Added
-to a plain LightningCLI: ``--ckpt_path last`` resolution, a log line for a precision the Trainer changed
-(``16-mixed`` runs as ``bf16-mixed`` on CPU), and the user's errors as one line on stderr with exit status 2
-(``MODELWRIGHT_DEBUG=1`` shows the traceback). :func:`resolved_config` is the config a run would see, by the
-same parser, without running anything.
+To run: ``uv run main.py fit --config configs/amp.yaml`` (``configs/base.yaml`` is always loaded first).
+Added to a plain LightningCLI: every input checked before any work (modelwright.train.checks, .checkpoints),
+with Lightning's start-up lines held until then; ``--ckpt_path last`` resolution; a log line for a precision
+the Trainer changed (``16-mixed`` runs as ``bf16-mixed`` on CPU); the user's errors as one line on stderr with
+exit status 2 (``MODELWRIGHT_DEBUG=1`` shows the traceback). :func:`resolved_config` is the config a run would
+see, by the same parser, without running anything.
 """
 
 import argparse
@@ -14,18 +15,23 @@ import logging
 import os
 import re
 import sys
-import zipfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
+from torch.distributed import DistStoreError
 
 from modelwright import CONFIGS_DIR, resolve_config_args
-from modelwright.errors import ConfigError, one_line, require
+from modelwright.errors import ConfigError, one_line
+from modelwright.inputs import require_creatable_folder
+from modelwright.train._internals import HeldLogs
+from modelwright.train.args import DataArgs, ModelArgs, from_hparams
+from modelwright.train.checkpoints import check_architecture, find_last_checkpoint, read_checkpoint
+from modelwright.train.checks import check_launch, check_run, check_trainer
 from modelwright.train.data import ImageDataModule
 from modelwright.train.module import ImageClassifier
 from modelwright.train.runtime import set_cpu_malloc
@@ -37,56 +43,6 @@ say = rank_zero_only(log.warning)
 #: Lightning's flag that refuses a callback of its kind in the list, and the kind (base.yaml lists some).
 _FLAGGED_CALLBACKS = (("enable_checkpointing", "ModelCheckpoint"), ("enable_progress_bar", "ProgressBar"),
                       ("enable_model_summary", "ModelSummary"))
-
-
-def _runs(log_root: Path) -> list[Path]:
-    """The ``version_N`` folders under ``log_root``, the highest N first."""
-    runs = [path for path in log_root.glob("version_*")
-            if path.is_dir() and path.name.removeprefix("version_").isdigit()]
-    runs.sort(key=lambda path: int(path.name.removeprefix("version_")), reverse=True)
-    return runs
-
-
-def find_last_checkpoint(log_root: Path) -> Path | None:
-    """The newest loadable ``last*.ckpt`` of the latest run (the highest ``version_N``) under ``log_root``.
-
-    Never an older run's without saying so: when the latest run has none, the error names the newest older
-    one. ``None`` when no run has one: as with Lightning's ``ckpt_path="last"``, a relaunched job may start
-    afresh.
-    """
-    runs = _runs(log_root)
-    for run in runs:
-        loadable = [path for path in run.glob("checkpoints/last*.ckpt") if _loadable(path)]
-        if not loadable:
-            continue
-        newest = max(loadable, key=lambda path: path.stat().st_mtime)
-        require(run == runs[0], f"ckpt_path: 'last', but the latest run {runs[0]} has no loadable "
-                f"checkpoint; the newest older one is {newest} (pass it as --ckpt_path to resume that run)")
-        return newest
-    return None
-
-
-def _loadable(path: Path) -> bool:
-    """A checkpoint folder, or a file that is a whole zip archive (a write cut short or a full disk leaves one
-    not)."""
-    try:
-        return path.is_dir() or (path.stat().st_size > 0 and zipfile.is_zipfile(path))
-    except OSError:
-        return False
-
-
-def _check_trainer(trainer) -> None:
-    """Refuse values Lightning's Trainer accepts but that break training (a negative clip flips the
-    gradients)."""
-    lowest = (("accumulate_grad_batches", 1), ("check_val_every_n_epoch", 1), ("log_every_n_steps", 1),
-              ("gradient_clip_val", 0), ("min_epochs", 0))
-    for key, low in lowest:
-        value = trainer.get(key)
-        require(value is None or value >= low, f"trainer.{key}: must be >= {low}, got {value}")
-    interval = trainer.get("val_check_interval")
-    # also a time: "00:12:00:00", a dict
-    positive = not isinstance(interval, (int, float)) or interval > 0
-    require(positive, f"trainer.val_check_interval: must be positive, got {interval}")
 
 
 def _drop_flagged_callbacks(trainer) -> None:
@@ -105,18 +61,33 @@ def _drop_flagged_callbacks(trainer) -> None:
             callbacks = trainer["callbacks"] = kept
 
 
-def _check_log_dir(logger_args) -> None:
-    save_dir = Path(logger_args["save_dir"])
-    # the nearest folder that exists: "." or "/" at the latest
-    existing = next(path for path in (save_dir, *save_dir.parents) if path.exists())
-    key = "trainer.logger.init_args.save_dir"
-    require(existing.is_dir(), f"{key}: cannot create {save_dir}: {existing} is not a folder")
-    require(os.access(existing, os.W_OK | os.X_OK), f"{key}: cannot write in {existing}")
+def _logger_args(trainer) -> Any:
+    """The logger's ``init_args`` (``save_dir``, ``name``), or None without a configurable logger."""
+    logger = trainer.get("logger")
+    if not hasattr(logger, "get"):
+        return None
+    return logger.get("init_args")
 
 
-def _resolve_last(config, logger_args) -> None:
+def _check_config(config) -> None:
+    """The parsed config, before anything is built: the trainer's values, the model's and data's (their
+    dataclasses check themselves), a multi-node launch, the log folder."""
+    trainer = config["trainer"]
+    check_trainer(trainer)
+    check_launch(trainer.get("num_nodes"))
+    from_hparams(ModelArgs, config["model"])
+    from_hparams(DataArgs, config["data"])
+    logger_args = _logger_args(trainer)
+    if logger_args is not None and logger_args.get("save_dir"):
+        require_creatable_folder("trainer.logger.init_args.save_dir", logger_args["save_dir"])
+
+
+def _resolve_last(config) -> None:
     """``ckpt_path: last`` becomes the latest run's newest checkpoint, or None (a fresh start) if no run has
     one."""
+    logger_args = _logger_args(config["trainer"])
+    if logger_args is None:
+        return
     root = Path(logger_args["save_dir"]) / (logger_args.get("name") or "")
     found = find_last_checkpoint(root)
     if found is None:
@@ -146,19 +117,25 @@ def _trainer_error(err: Exception) -> ConfigError:
 def _cli_kwargs() -> dict:
     """How the project builds its LightningCLI, for a run and for :func:`resolved_config` alike (fresh each
     time: LightningCLI writes into its parser arguments)."""
-    subcommand = {"default_config_files": [str(BASE_CONFIG)], "exit_on_error": False}
+    # allow_abbrev: --trainer.max_epoch would be taken for --trainer.max_epochs, a typo accepted unseen
+    subcommand = {"default_config_files": [str(BASE_CONFIG)], "exit_on_error": False, "allow_abbrev": False}
     return {
         "model_class": ImageClassifier,
         "datamodule_class": ImageDataModule,
-        "parser_kwargs": {"exit_on_error": False, "fit": subcommand, "validate": subcommand,
-                          "test": subcommand},
+        "parser_kwargs": {"exit_on_error": False, "allow_abbrev": False, "fit": subcommand,
+                          "validate": subcommand, "test": subcommand},
         "save_config_kwargs": {"overwrite": True},
         "auto_configure_optimizers": False,  # the model builds its own: one way to choose an optimizer
     }
 
 
 class ModelwrightCLI(LightningCLI):
-    """LightningCLI with the project's defaults, input checks, ``last`` resolution and precision report."""
+    """LightningCLI with the project's defaults, input checks, ``last`` resolution and precision report.
+    Lightning's start-up lines are held until the run is known to be valid (``startup_logs``)."""
+
+    def __init__(self, *args: Any, startup_logs: HeldLogs | None = None, **kwargs: Any) -> None:
+        self.startup_logs = startup_logs or HeldLogs()
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
@@ -176,22 +153,17 @@ class ModelwrightCLI(LightningCLI):
         return self.config
 
     def parse_arguments(self, parser, args) -> None:
+        self.startup_logs.hold()
         # LightningCLI's own, less its warning that ``args`` were given beside a non-empty ``sys.argv``: the
         # project always gives them (cli_main takes them from sys.argv).
         self.config = parser.parse_args(args)
         config = self.run_config
-        _check_trainer(config["trainer"])
-        logger = config["trainer"].get("logger")
-        logger_args = logger.get("init_args") if hasattr(logger, "get") else None
-        if logger_args is not None and logger_args.get("save_dir"):
-            _check_log_dir(logger_args)
-        if config.get("ckpt_path") == "last" and logger_args is not None:
-            _resolve_last(config, logger_args)
-        checkpoint = config.get("ckpt_path")
-        if checkpoint:
-            require(Path(checkpoint).exists(), f"ckpt_path: no checkpoint at {checkpoint}")
-            require(_loadable(Path(checkpoint)),
-                    f"ckpt_path: {checkpoint} is not a PyTorch checkpoint (truncated or corrupted?)")
+        _check_config(config)
+        if config.get("ckpt_path") == "last":
+            _resolve_last(config)
+        if config.get("ckpt_path"):
+            checkpoint = read_checkpoint(config["ckpt_path"])
+            check_architecture(checkpoint, config["model"], config["ckpt_path"])
 
     def before_instantiate_classes(self) -> None:  # not when parsing: --print_config changes nothing
         set_cpu_malloc(self.run_config["cpu_malloc"])
@@ -204,12 +176,16 @@ class ModelwrightCLI(LightningCLI):
             raise _trainer_error(err) from None
 
     def after_instantiate_classes(self) -> None:
-        requested = str(self.run_config["trainer"].get("precision"))
+        config = self.run_config
+        # Now that the Trainer knows how many processes there are: a run that would train nothing.
+        check_run(config["trainer"], self.datamodule.args, self.trainer.world_size, loop="lightning")
+        requested = str(config["trainer"].get("precision"))
         actual = str(self.trainer.precision)
         if requested != actual:
             accelerator = type(self.trainer.accelerator).__name__
             say(f"precision: requested {requested}, running {actual} on {accelerator}; the run is recorded "
                 f"as {actual}")
+        self.startup_logs.release()
 
 
 class _Parsed(Exception):
@@ -232,8 +208,10 @@ class _ParseOnly(ModelwrightCLI):
 def resolved_config(args: list[str]) -> dict:
     """The config ``main.py ARGS`` would run (what ``--print_config`` shows), parsed and checked by the
     project's LightningCLI in this process; a refusal is its one-line :class:`ConfigError`."""
+    startup_logs = HeldLogs()
     try:
-        _ParseOnly(**_cli_kwargs(), args=resolve_config_args(args))
+        with startup_logs.dropped_unless_released():
+            _ParseOnly(**_cli_kwargs(), args=resolve_config_args(args), startup_logs=startup_logs)
     except _Parsed as parsed:
         return parsed.config
     except argparse.ArgumentError as err:
@@ -251,14 +229,23 @@ def _generic_optimizer_flag(argv: list[str]) -> None:
                           "(none, cosine, onecycle)")
 
 
+def _message(err: Exception) -> str:
+    """The one line for a user's error, or a run's known end."""
+    if isinstance(err, DistStoreError):  # peers that never came: the strategy's timeout ran out
+        return (f"trainer.num_nodes: the job's processes did not all meet in time ({one_line(err)}); the "
+                "wait is trainer.strategy's timeout (Lightning's default 30 min, configs/ddp.yaml 10 min)")
+    return one_line(err)
+
+
 def _exit_status(err: Exception) -> int | None:
     """The exit status of an error that is the user's to fix (2) or a run's known end (1: diverged, a full
     disk), said in one line; None for a bug, which keeps its traceback."""
     if isinstance(err, (ConfigError, argparse.ArgumentError)):
         return 2
-    # FloatingPointError: callbacks.fault_tolerance.NonFiniteLossError, the run diverged. A full disk or
-    # quota: the run's record says so too, where it could be written.
-    if isinstance(err, FloatingPointError):
+    # FloatingPointError: callbacks.fault_tolerance.NonFiniteLossError, the run diverged; DistStoreError: the
+    # other processes never came. A full disk or quota: the run's record says so too, where it could be
+    # written.
+    if isinstance(err, (FloatingPointError, DistStoreError)):
         return 1
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         return 1
@@ -269,13 +256,15 @@ def cli_main(args: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0, 2 for a configuration error, 1 for a diverged run or a
     full disk)."""
     argv = sys.argv[1:] if args is None else list(args)
+    startup_logs = HeldLogs()
     try:
-        _generic_optimizer_flag(argv)
-        ModelwrightCLI(**_cli_kwargs(), args=resolve_config_args(argv))
+        with startup_logs.dropped_unless_released():  # a refused run prints none of Lightning's start-up
+            _generic_optimizer_flag(argv)
+            ModelwrightCLI(**_cli_kwargs(), args=resolve_config_args(argv), startup_logs=startup_logs)
     except Exception as err:
         status = _exit_status(err)
         if status is None or os.environ.get("MODELWRIGHT_DEBUG") == "1":
             raise
-        print(f"error: {one_line(err)}", file=sys.stderr)
+        print(f"error: {_message(err)}", file=sys.stderr)
         return status
     return 0
