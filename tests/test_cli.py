@@ -117,17 +117,17 @@ def _zip(path: Path) -> Path:
     return path
 
 
-def test_last_is_the_latest_runs_newest_loadable_checkpoint(tmp_path):
-    from modelwright.errors import ConfigError
+def test_last_is_the_newest_loadable_checkpoint_of_the_latest_run_that_wrote_one(tmp_path):
     from modelwright.train.checkpoints import find_last_checkpoint
 
-    assert find_last_checkpoint(tmp_path) is None, "nothing to resume: `last` starts afresh, as Lightning's"
+    nothing = find_last_checkpoint(tmp_path)
+    assert nothing.path is None and nothing.skipped == [], "nothing to resume: `last` starts afresh"
     older = _zip(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
     good = _zip(tmp_path / "version_1" / "checkpoints" / "last-step.ckpt")
     # a full disk left it empty, newer
     (tmp_path / "version_1" / "checkpoints" / "last.ckpt").write_bytes(b"")
-    assert find_last_checkpoint(tmp_path) == good
+    assert find_last_checkpoint(tmp_path) == (good, [])
     (tmp_path / "version_2").mkdir()  # the latest run was killed before its first checkpoint
-    with pytest.raises(ConfigError, match="version_2 has no loadable checkpoint.*version_1.*last-step.ckpt"):
-        find_last_checkpoint(tmp_path)
+    (tmp_path / "version_10" / "checkpoints").mkdir(parents=True)  # and one after it too, numbered past 9
+    assert find_last_checkpoint(tmp_path) == (good, [tmp_path / "version_10", tmp_path / "version_2"])
     assert older.is_file()

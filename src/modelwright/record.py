@@ -434,10 +434,23 @@ def _dumps(record: Mapping, validate: bool, indent: int | None = None) -> str:
     return json.dumps(data, indent=indent, allow_nan=False, ensure_ascii=False)
 
 
+def os_error(err: BaseException) -> OSError | None:
+    """The ``OSError`` behind ``err``: itself, or one in its chain (``torch.save`` on a full disk raises
+    ``RuntimeError: [enforce fail at inline_container.cc] ... unexpected pos``, the file's ENOSPC only its
+    context)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError) and err.errno is not None:
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> Path:
     """``write(file)`` into a temp file beside ``path``, fsync, ``os.replace`` onto ``path``, mode 0644: a
-    kill or a full disk leaves the previous file whole and no temp file; a failed write's ``OSError`` names
-    ``path``."""
+    kill or a full disk leaves the previous file whole and no temp file; a failed write's ``OSError`` (also
+    one a writer such as ``torch.save`` wrapped in its own error) is raised naming ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -450,8 +463,9 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         os.replace(tmp, path)
     except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError) and err.errno is not None and not err.filename:
-            raise OSError(err.errno, err.strerror, str(path)) from err
+        cause = os_error(err)
+        if cause is not None and not (cause is err and err.filename):
+            raise OSError(cause.errno, cause.strerror, str(path)) from err
         raise
     return path
 

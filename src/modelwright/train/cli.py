@@ -26,11 +26,19 @@ from lightning.pytorch.utilities import rank_zero_only
 from torch.distributed import DistStoreError
 
 from modelwright import CONFIGS_DIR, resolve_config_args
-from modelwright.errors import ConfigError, one_line
+from modelwright.errors import ConfigError, one_line, require
 from modelwright.inputs import require_creatable_folder
+from modelwright.record import os_error
 from modelwright.train._internals import HeldLogs
 from modelwright.train.args import DataArgs, ModelArgs, from_hparams
-from modelwright.train.checkpoints import check_architecture, find_last_checkpoint, read_checkpoint
+from modelwright.train.checkpoints import (
+    RunComplete,
+    check_architecture,
+    completed,
+    find_last_checkpoint,
+    read_checkpoint,
+    resume_differences,
+)
 from modelwright.train.checks import check_launch, check_run, check_trainer
 from modelwright.train.data import ImageDataModule
 from modelwright.train.module import ImageClassifier
@@ -82,19 +90,44 @@ def _check_config(config) -> None:
         require_creatable_folder("trainer.logger.init_args.save_dir", logger_args["save_dir"])
 
 
-def _resolve_last(config) -> None:
-    """``ckpt_path: last`` becomes the latest run's newest checkpoint, or None (a fresh start) if no run has
-    one."""
+def _resolve_last(config) -> str | None:
+    """``ckpt_path: last`` becomes the newest checkpoint of the latest run that wrote one, or None (a fresh
+    start) if no run has one; returns how the checkpoint was found, for the lines about it."""
     logger_args = _logger_args(config["trainer"])
     if logger_args is None:
-        return
+        return None
     root = Path(logger_args["save_dir"]) / (logger_args.get("name") or "")
-    found = find_last_checkpoint(root)
-    if found is None:
+    last = find_last_checkpoint(root)
+    config["ckpt_path"] = None if last.path is None else str(last.path)
+    if last.path is None:
         say(f"ckpt_path: 'last', but no run under {root} has a checkpoint; starting from the beginning")
-        config["ckpt_path"] = None
-    else:
-        config["ckpt_path"] = str(found)
+        return None
+    found = f"'last' is {last.path}"
+    if last.skipped:
+        passed_over = ", ".join(run.name for run in last.skipped)
+        found += f" ({passed_over} of {root} wrote no checkpoint)"
+        say(f"ckpt_path: {found}; resuming it")
+    return found
+
+
+def _check_resume(parser, cli_config, config, found: str | None) -> None:
+    """The checkpoint to resume from (``found``: how ``last`` found it): a Lightning checkpoint of this
+    model, of a fit not yet complete under this run's limits (else :class:`RunComplete`), with the arguments
+    of its run except those that may change on resume (or ``--allow_resume_changes true``)."""
+    path = config["ckpt_path"]
+    named = found or path
+    checkpoint = read_checkpoint(path)
+    check_architecture(checkpoint, config["model"], path)
+    done = completed(checkpoint, config["trainer"])
+    if done:
+        raise RunComplete(f"ckpt_path: {named}, of a finished fit ({done}): nothing to resume; raise "
+                          "trainer.max_epochs or trainer.max_steps to train on")
+    if config.get("allow_resume_changes"):
+        return
+    resolved = yaml.safe_load(parser.dump(cli_config, skip_unset=False))[cli_config["subcommand"]]
+    differences = resume_differences(checkpoint, resolved, path)
+    require(not differences, f"ckpt_path: {named}, whose run had other arguments: {'; '.join(differences)}; "
+            "resume with the run's, or pass --allow_resume_changes true to resume with these")
 
 
 def _trainer_error(err: Exception) -> ConfigError:
@@ -143,6 +176,12 @@ class ModelwrightCLI(LightningCLI):
             help="glibc malloc: retain freed memory for the next step (fewer page faults) or leave it as it "
                  "is.",
         )
+        # SUPPRESS: in a config only where given, so that the study's config hashes stay as they were
+        parser.add_argument(
+            "--allow_resume_changes", type=bool, default=argparse.SUPPRESS,
+            help="with --ckpt_path: resume although arguments other than those that may change on resume "
+                 "(modelwright.train.checkpoints.MAY_CHANGE_ON_RESUME) differ from the checkpoint's run.",
+        )
 
     @property
     def run_config(self):
@@ -159,15 +198,20 @@ class ModelwrightCLI(LightningCLI):
         self.config = parser.parse_args(args)
         config = self.run_config
         _check_config(config)
+        found = None
         if config.get("ckpt_path") == "last":
-            _resolve_last(config)
+            found = _resolve_last(config)
         if config.get("ckpt_path"):
-            checkpoint = read_checkpoint(config["ckpt_path"])
-            check_architecture(checkpoint, config["model"], config["ckpt_path"])
+            _check_resume(parser, self.config, config, found)
+        self.model_as_given = config["model"].clone()
 
     def before_instantiate_classes(self) -> None:  # not when parsing: --print_config changes nothing
-        set_cpu_malloc(self.run_config["cpu_malloc"])
-        _drop_flagged_callbacks(self.run_config["trainer"])
+        config = self.run_config
+        # LightningCLI has put the checkpoint's model arguments over the config's: equal, unless
+        # --allow_resume_changes let them differ, and then the config's are the ones asked for.
+        config["model"] = self.model_as_given
+        set_cpu_malloc(config["cpu_malloc"])
+        _drop_flagged_callbacks(config["trainer"])
 
     def instantiate_trainer(self, **kwargs):
         try:
@@ -234,6 +278,9 @@ def _message(err: Exception) -> str:
     if isinstance(err, DistStoreError):  # peers that never came: the strategy's timeout ran out
         return (f"trainer.num_nodes: the job's processes did not all meet in time ({one_line(err)}); the "
                 "wait is trainer.strategy's timeout (Lightning's default 30 min, configs/ddp.yaml 10 min)")
+    cause = os_error(err)
+    if cause is not None and not isinstance(err, OSError):  # a full disk, wrapped by its writer
+        return one_line(cause)
     return one_line(err)
 
 
@@ -247,7 +294,8 @@ def _exit_status(err: Exception) -> int | None:
     # written.
     if isinstance(err, (FloatingPointError, DistStoreError)):
         return 1
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+    cause = os_error(err)
+    if cause is not None and cause.errno in (errno.ENOSPC, errno.EDQUOT):
         return 1
     return None
 
@@ -261,6 +309,9 @@ def cli_main(args: list[str] | None = None) -> int:
         with startup_logs.dropped_unless_released():  # a refused run prints none of Lightning's start-up
             _generic_optimizer_flag(argv)
             ModelwrightCLI(**_cli_kwargs(), args=resolve_config_args(argv), startup_logs=startup_logs)
+    except RunComplete as complete:  # a requeued job of a finished run: done, no new version
+        print(complete, file=sys.stderr)
+        return 0
     except Exception as err:
         status = _exit_status(err)
         if status is None or os.environ.get("MODELWRIGHT_DEBUG") == "1":

@@ -10,8 +10,9 @@ delivered both ways is applied once.
 
 At the pass's first batch, mid-pass: the same permutation with its first ``batches`` batches skipped by index
 (no sample loaded) and the RNG states restored just before the first fetch, so dropout and augmentation
-continue the same stream; at a pass boundary: the RNG states restored and a new pass drawn from them. Not
-exact: a checkpoint written while a batch is in flight, one ending an epoch shortened by
+continue the same stream; at a pass boundary: the RNG states restored and a new pass drawn from them. Under
+DDP the DistributedSampler keeps the interrupted run's seed, whatever seed the resumed processes were given.
+Not exact: a checkpoint written while a batch is in flight, one ending an epoch shortened by
 ``limit_train_batches``, RNG draws between the checkpoint and the next training batch (a validation after a
 step checkpoint), DataLoader worker processes.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import RandomSampler
+from torch.utils.data import DistributedSampler, RandomSampler
 
 from modelwright.train._internals import SkippingDataLoader
 
@@ -112,6 +113,10 @@ class ResumableDataLoader(SkippingDataLoader):
         return super().__iter__()
 
     def _resumed_iterator(self, state: dict[str, Any]) -> Iterator[Any]:
+        if state.get("distributed_seed") is not None and isinstance(self.sampler, DistributedSampler):
+            # Lightning seeds the DistributedSampler it inserts with this process's seed (PL_GLOBAL_SEED);
+            # the interrupted run's permutation, this epoch's and the next ones', came from its own.
+            self.sampler.seed = state["distributed_seed"]
         batches = state["batches"]
         if not 0 < batches < len(self):  # the checkpoint ended a pass: this one starts from its RNG states
             set_rng_states(state["rng"])
@@ -130,10 +135,14 @@ class ResumableDataLoader(SkippingDataLoader):
         sampler_state = None
         if hasattr(self.sampler, "state_dict"):
             sampler_state = self.sampler.state_dict()
+        distributed_seed = None
+        if isinstance(self.sampler, DistributedSampler):
+            distributed_seed = self.sampler.seed
         return {
             "batches": self._batches,
             "sampler": sampler_state,
             "epoch": getattr(self.sampler, "epoch", None),
+            "distributed_seed": distributed_seed,
             "rng": rng_states(),
         }
 
