@@ -29,6 +29,12 @@ from modelwright.record import (
 REPO = Path(__file__).resolve().parents[1]
 
 
+#: A resnet18 step's memory by category, MiB.
+ANATOMY = {"parameters": 42.6, "buffers": 0.0, "gradients": 42.6, "optimizer_state": 85.3,
+           "activations": 180.0, "temporaries": 12.5, "comm_buffers": 0.0, "inputs": 1.5, "other": 0.0,
+           "total": 363.0}
+
+
 def _full_record() -> dict:
     record = build_record(run_id="r-1")
     record["config"] = {"trainer": {"precision": "16-mixed"}}
@@ -74,18 +80,7 @@ def _full_record() -> dict:
         peak_allocated_mib=363.0,
         peak_reserved_mib=None,
         anatomy_step=2,
-        anatomy_mib={
-            "parameters": 42.6,
-            "buffers": 0.0,
-            "gradients": 42.6,
-            "optimizer_state": 85.3,
-            "activations": 180.0,
-            "temporaries": 12.5,
-            "comm_buffers": 0.0,
-            "inputs": 1.5,
-            "other": 0.0,
-            "total": 363.0,
-        },
+        anatomy_mib=dict(ANATOMY),
         model_parameters=11_173_962,
         rss_peak_mib=1500.0,
     )

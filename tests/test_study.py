@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -406,23 +407,30 @@ def test_a_killed_study_leaves_no_child_and_a_second_study_is_refused(tmp_path, 
 # -- a tiny study end to end ---------------------------------------------------------------------------------
 
 
+class TinyStudy(NamedTuple):
+    root: Path
+    status: int
+    records: list[dict]
+
+
 @pytest.fixture(scope="module")
-def tiny_study(tmp_path_factory):
+def tiny_study(tmp_path_factory) -> TinyStudy:
     root = tmp_path_factory.mktemp("study")
     _write(root / "plan.yaml", TINY_PLAN)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("OMP_NUM_THREADS", "1")
-    mp.setenv("MODELWRIGHT_CACHE_DIR", str(root / "cache"))
+    environment = pytest.MonkeyPatch()
+    environment.setenv("OMP_NUM_THREADS", "1")
+    environment.setenv("MODELWRIGHT_CACHE_DIR", str(root / "cache"))
     try:
-        code = cli.main(_args(root))
+        status = cli.main(_args(root))
     finally:
-        mp.undo()
-    return root, code, read_records(root / "results" / SLUG / "records.jsonl")
+        environment.undo()
+    return TinyStudy(root, status, read_records(root / "results" / SLUG / "records.jsonl"))
 
 
 def test_tiny_study_records_every_run_and_goes_on_after_a_crash(tiny_study):
-    root, code, records = tiny_study
-    assert code == 0
+    root = tiny_study.root
+    records = tiny_study.records
+    assert tiny_study.status == 0
     for name in ("records.jsonl", "study.json", "table.md"):
         assert (root / "results" / SLUG / name).stat().st_size > 0, name
     runs = [r for r in records if r["study"]["kind"] == "run"]
@@ -438,7 +446,7 @@ def test_tiny_study_records_every_run_and_goes_on_after_a_crash(tiny_study):
 
 
 def test_tiny_study_confirms_the_budget_batch_and_one_a_few_percent_over(tiny_study):
-    _, _, records = tiny_study
+    records = tiny_study.records
     *confirms, over = [r for r in records if r["study"]["kind"] == "budget"]
     confirm = confirms[-1]  # a planner miss over the budget would be corrected once, by the measured miss
     budget_mib = 0.0308 * 1024
@@ -453,7 +461,8 @@ def test_tiny_study_confirms_the_budget_batch_and_one_a_few_percent_over(tiny_st
 
 
 def test_a_rerun_skips_what_is_recorded(tiny_study, capsys):
-    root, _, records = tiny_study
+    root = tiny_study.root
+    records = tiny_study.records
     assert cli.main([*_args(root), "--report", "false"]) == 0
     err = capsys.readouterr().err
     assert "(0 to run;" in err and err.count("skipped (recorded") == len(records)
