@@ -118,6 +118,8 @@ def _check_resume(parser, cli_config, config, found: str | None) -> None:
     named = found or path
     checkpoint = read_checkpoint(path)
     check_architecture(checkpoint, config["model"], path)
+    if cli_config["subcommand"] != "fit":  # validate, test: a finished fit's checkpoint is what they take
+        return
     done = completed(checkpoint, config["trainer"])
     if done:
         raise RunComplete(f"ckpt_path: {named}, of a finished fit ({done}): nothing to resume; raise "
@@ -222,7 +224,8 @@ class ModelwrightCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         config = self.run_config
         # Now that the Trainer knows how many processes there are: a run that would train nothing.
-        check_run(config["trainer"], self.datamodule.args, self.trainer.world_size, loop="lightning")
+        if self.subcommand in (None, "fit"):
+            check_run(config["trainer"], self.datamodule.args, self.trainer.world_size, loop="lightning")
         requested = str(config["trainer"].get("precision"))
         actual = str(self.trainer.precision)
         if requested != actual:
