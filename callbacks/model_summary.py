@@ -10,8 +10,8 @@ from lightning.pytorch.utilities.model_summary.model_summary import get_human_re
 
 from callbacks import _lightning
 from callbacks._glue import unwrap_net
-from modelwright.measure import first_tensor, meta_copy
 from modelwright.fmt import flop_count
+from modelwright.measure import first_tensor, meta_copy
 
 
 class FlopsModelSummary(ModelSummary):

@@ -20,9 +20,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from callbacks._glue import quiet_lightning
 from callbacks.model_summary import FlopsModelSummary
 from callbacks.run_monitor import RunMonitor
+from modelwright.fmt import duration, flop_count, pct, sig
 from modelwright.measure import MIB, error_status, hardware_peak, training_flops
 from modelwright.record import read_record, validate_record
-from modelwright.fmt import duration, flop_count, pct, sig
 from modelwright.train.cli import cli_main
 from modelwright.train.data import ImageDataModule
 from modelwright.train.models import build_model

@@ -4,7 +4,6 @@ artifacts, hand-computed FLOPs and the hardware peak (FLOP/cycle × clock, datas
 from __future__ import annotations
 
 import json
-
 import sys
 
 import pytest

@@ -62,8 +62,8 @@ def test_checkpointing_gives_same_loss_and_gradients(name, granularity):
         torch.testing.assert_close(b, buffers[n], rtol=1e-9, atol=0, msg=f"buffer {n}")
 
 
-# Counted from the architectures: resnet18 has 4 stages (layer1..layer4) of 2 BasicBlocks; the small CNN 3 stages
-# of 2 conv blocks; the ViT 6 encoder blocks and no stages.
+# Counted from the architectures: resnet18 has 4 stages (layer1..layer4) of 2 BasicBlocks; the small CNN 3
+# stages of 2 conv blocks; the ViT 6 encoder blocks and no stages.
 @pytest.mark.parametrize(
     ("name", "granularity", "count"),
     [("resnet18", "stage", 4), ("resnet18", "block", 8), ("smallcnn", "stage", 3), ("smallcnn", "block", 6),

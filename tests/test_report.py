@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from modelwright import report
+from modelwright import fmt, report, study_rows
 from modelwright.__main__ import main as cli
 from modelwright.errors import ConfigError
 from modelwright.record import read_records
-from modelwright import fmt, study_rows
 from modelwright.report import readme, tables
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -1,4 +1,5 @@
-"""modelwright.train.runtime: glibc malloc keeps freed memory with ``retain`` (counted in page faults, not time)."""
+"""modelwright.train.runtime: glibc malloc keeps freed memory with ``retain`` (counted in page faults, not
+time)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from modelwright.train.runtime import set_cpu_malloc
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
 # A training step's pattern: tensors of a step's sizes (4 to 64 MiB, over glibc's largest mmap threshold)
-# allocated, written and freed together, eight times after the mode is set; prints the minor page faults of the
-# last three steps (the heap settles in the first ones).
+# allocated, written and freed together, eight times after the mode is set; prints the minor page faults of
+# the last three steps (the heap settles in the first ones).
 PROBE = textwrap.dedent("""
     import resource, sys
     import torch
@@ -49,8 +50,10 @@ def test_retain_reuses_freed_memory_instead_of_faulting_it_in_again():
     assert applied == "True"
     not_applied, system = _faults("system")
     assert not_applied == "False"  # system leaves malloc as it is
-    assert system > 0.5 * STEP_PAGES  # glibc maps each large block afresh: its pages fault in again every step
-    # kept in the heap and reused; the heap may still grow by a block or two as it settles (seen: 0 to 32,768 faults)
+    # glibc maps each large block afresh: its pages fault in again every step
+    assert system > 0.5 * STEP_PAGES
+    # kept in the heap and reused; the heap may still grow by a block or two as it settles (seen: 0 to 32,768
+    # faults)
     assert retained < 0.25 * system
 
 

@@ -13,16 +13,18 @@ SCRIPT = REPO_ROOT / "scripts" / "gpu_run.sh"
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable}
-    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=420)
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=420)
 
 
 def test_dry_run_lists_every_part_with_the_current_command_line():
     proc = _run("--dry-run")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    for part in ("== study resnet18", "== study extra", "== study vit", "== overhead resnet18",
-                 "-m modelwright study --accelerator cuda", "--budget_gib 40", "--plan configs/study/plan_vit.yaml"):
+    parts = ("== study resnet18", "== study extra", "== study vit", "== overhead resnet18",
+             "-m modelwright study --accelerator cuda", "--budget_gib 40",
+             "--plan configs/study/plan_vit.yaml")
+    for part in parts:
         assert part in out, part
     assert ("== attention (at most" in out) == (REPO_ROOT / "benchmarks" / "attention.py").is_file()
     only = _run("--dry-run", "overhead")

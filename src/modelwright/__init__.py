@@ -1,4 +1,5 @@
-"""modelwright: what mixed precision, accumulation, checkpointing and parallelism buy, measured (README.md: layout)."""
+"""modelwright: what mixed precision, accumulation, checkpointing and parallelism buy, measured (README.md:
+layout)."""
 
 from pathlib import Path
 
@@ -9,30 +10,37 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
 
 
-def resolve_config_args(argv: list[str]) -> list[str]:
-    """``argv`` with each ``--config`` value a readable YAML file (``--config amp`` is ``configs/amp.yaml``), or a
-    one-line error naming it and, for invalid YAML, its line (jsonargparse's own message names neither)."""
-    out = list(argv)
-    for i, arg in enumerate(out):
-        if arg in ("--config", "-c") and i + 1 < len(out):
-            out[i + 1] = str(_config_file(out[i + 1]))
+def repo_path(path: str | Path) -> Path:
+    """``path`` as given when it exists or is absolute, else the same path under the repository root."""
+    path = Path(path)
+    if path.exists() or path.is_absolute():
+        return path
+    return REPO_ROOT / path
+
+
+def resolve_config_args(argv: list[str], training: bool = True) -> list[str]:
+    """``argv`` with each ``--config`` value a readable YAML file, read strictly (a duplicated key, an empty
+    file, ``trainer: null``: a one-line error naming the file, and the line where YAML tells it). A training
+    config may be named as in ``configs/``: ``--config amp`` is ``configs/amp.yaml``."""
+    resolved = list(argv)
+    for index, arg in enumerate(resolved):
+        if arg in ("--config", "-c") and index + 1 < len(resolved):
+            resolved[index + 1] = str(_config_file(resolved[index + 1], training))
         elif arg.startswith("--config="):
-            out[i] = f"--config={_config_file(arg.split('=', 1)[1])}"
-    return out
+            value = arg.split("=", 1)[1]
+            resolved[index] = f"--config={_config_file(value, training)}"
+    return resolved
 
 
-def _config_file(value: str) -> Path:
-    import yaml
+def _config_file(value: str, training: bool) -> Path:
+    from modelwright.inputs import TRAINING_SECTIONS, read_yaml
 
-    path = next((p for p in (Path(value), CONFIGS_DIR / value, CONFIGS_DIR / f"{value}.yaml") if p.is_file()), None)
-    if path is None:
-        names = sorted(p.relative_to(CONFIGS_DIR).as_posix() for p in CONFIGS_DIR.rglob("*.yaml"))
+    path = Path(value)
+    if training and not path.exists():
+        candidates = (CONFIGS_DIR / value, CONFIGS_DIR / f"{value}.yaml")
+        path = next((candidate for candidate in candidates if candidate.is_file()), path)
+    if training and not path.exists():
+        names = sorted(found.relative_to(CONFIGS_DIR).as_posix() for found in CONFIGS_DIR.rglob("*.yaml"))
         raise ConfigError(f"config: no file {value!r} here or in configs/; available: {', '.join(names)}")
-    try:
-        yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        line = f" line {err.problem_mark.line + 1}" if getattr(err, "problem_mark", None) else ""
-        raise ConfigError(f"config: {path}:{line} is not valid YAML ({getattr(err, 'problem', None) or err})") from None
-    except OSError as err:
-        raise ConfigError(f"config: cannot read {path} ({err.strerror})") from None
+    read_yaml("config", path, TRAINING_SECTIONS if training else ())
     return path

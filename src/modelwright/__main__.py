@@ -1,41 +1,97 @@
-"""``uv run python -m modelwright <tool> --help``, a tool of :data:`TOOLS`: jsonargparse turns its typed function into
-flags and a ``--config`` file. Only the chosen tool's module is imported, so a bad flag is reported before torch loads
-where the tool allows; a user's error is one line on stderr and exit status 2."""
+"""``uv run python -m modelwright <tool> --help``, a tool of :data:`TOOLS`: jsonargparse turns its typed
+function into flags and a ``--config`` file. Only the chosen tool's module is imported, so a bad flag is
+reported before torch loads where the tool allows. Every tool's arguments are checked before it runs (types
+by jsonargparse, the files and folders it names here, the rest by the tool itself first thing); a user's error
+is one line on stderr and exit status 2."""
 
 import argparse
 import importlib
 import os
 import sys
+from collections.abc import Mapping
+from typing import Any
 
-from jsonargparse import CLI
+from jsonargparse import auto_parser
 
-from modelwright import resolve_config_args
+from modelwright import repo_path, resolve_config_args
 from modelwright.errors import ConfigError, one_line
+from modelwright.inputs import require_creatable_folder, require_file, require_folder
 
 #: tool → the module whose function of the tool's name it runs.
-TOOLS = {"study": "modelwright.study", "report": "modelwright.report", "plan": "modelwright.planner",
-         "accelerate": "modelwright.loops.accelerate"}
+TOOLS = {
+    "study": "modelwright.study",
+    "report": "modelwright.report",
+    "plan": "modelwright.planner",
+    "accelerate": "modelwright.loops.accelerate",
+}
+#: The files and folders each tool's arguments name, and what each must be: ``file`` to read, ``document`` to
+#: read and rewrite, ``folder`` to read, ``output`` a folder to write in (made if missing). The Accelerate
+#: loop checks its own (modelwright.train.checks.check_accelerate_run).
+PATH_ARGUMENTS = {
+    "study": {"plan": "file", "results": "output", "workdir": "output", "readme": "document"},
+    "report": {"results": "folder", "readme": "document"},
+    "plan": {"record": "file"},
+}
+#: Relative paths a tool reads from the repository when they are not in the working folder.
+_FROM_REPOSITORY = {"plan", "readme"}
+
+
+def check_paths(tool: str, arguments: Mapping[str, Any]) -> None:
+    """The files and folders ``arguments`` name are of the kind the tool needs, before it touches any."""
+    for key, kind in PATH_ARGUMENTS.get(tool, {}).items():
+        value = arguments.get(key)
+        if value is None:
+            continue
+        path = repo_path(value) if key in _FROM_REPOSITORY else value
+        if kind == "file":
+            require_file(key, path)
+        elif kind == "document":
+            require_file(key, path, writable=True)
+        elif kind == "folder":
+            require_folder(key, path)
+        else:
+            require_creatable_folder(key, path)
+
+
+def _usage(argv: list[str]) -> int:
+    given = ""
+    if argv and not argv[0].startswith("-"):
+        given = f" (got {argv[0]!r})"
+    print(f"usage: python -m modelwright {{{','.join(TOOLS)}}} [--help]{given}", file=sys.stderr)
+    asked_for_help = argv[:1] in (["-h"], ["--help"])
+    return 0 if asked_for_help else 2
+
+
+def run_tool(name: str, argv: list[str]) -> Any:
+    """Parse ``argv`` for tool ``name``, check what it names, then run it; returns what the tool returns."""
+    module = importlib.import_module(TOOLS[name])
+    function = getattr(module, name)
+    # accelerate reads the training configs: --config amp is configs/amp.yaml, as for main.py
+    argv = resolve_config_args(argv, training=name == "accelerate")
+    # PARSER_KWARGS: e.g. the Accelerate loop's default config file
+    parser = auto_parser(function, prog=f"python -m modelwright {name}", exit_on_error=False,
+                         allow_abbrev=False, **getattr(module, "PARSER_KWARGS", {}))
+    parsed = parser.parse_args(argv)
+    check_paths(name, parsed)
+    arguments = vars(parser.instantiate(parsed))
+    arguments.pop("config", None)
+    return function(**arguments)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in TOOLS:
-        given = f" (got {argv[0]!r})" if argv and not argv[0].startswith("-") else ""
-        print(f"usage: python -m modelwright {{{','.join(TOOLS)}}} [--help]{given}", file=sys.stderr)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
-    name, rest = argv[0], argv[1:]
-    module = importlib.import_module(TOOLS[name])
+        return _usage(argv)
     try:
-        if name == "accelerate":  # reads the training configs: --config amp is configs/amp.yaml, as for main.py
-            rest = resolve_config_args(rest)
-        status = CLI(getattr(module, name), args=rest, prog=f"python -m modelwright {name}", exit_on_error=False,
-                     **getattr(module, "PARSER_KWARGS", {}))  # e.g. the Accelerate loop's default config file
-        return status if isinstance(status, int) else 0  # the Accelerate loop returns its network and record
+        status = run_tool(argv[0], argv[1:])
     except (ConfigError, argparse.ArgumentError) as err:
         if os.environ.get("MODELWRIGHT_DEBUG") == "1":
             raise
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+    if isinstance(status, int):
+        return status
+    return 0  # the Accelerate loop returns its network and record
 
 
 if __name__ == "__main__":

@@ -14,14 +14,24 @@ def require(condition: bool, message: str) -> None:
 
 
 def one_line(err: BaseException) -> str:
-    """The one line a user sees: jsonargparse's multi-line parse error condensed to ``key: problem; valid: ...``."""
+    """The one line a user sees: jsonargparse's multi-line parse error condensed to ``key: problem; valid:
+    ...``."""
     text = str(err)
-    match = re.match(r'Parser key "([^"]+)":\s*(.*)', text, re.S) if isinstance(err, argparse.ArgumentError) else None
+    match = None
+    if isinstance(err, argparse.ArgumentError):
+        match = re.match(r'Parser key "([^"]+)":\s*(.*)', text, re.S)
     if not match:
         return " ".join(text.split())
     key, body = match.groups()
     given = re.search(r"(?:Given|Got) value:\s*(.+)", body)
     choices = max(re.findall(r"Literal\[([^\]]*)\]", body), key=len, default=None)
     if given and choices:
-        return f"{key}: invalid value {given.group(1).strip()!r}; valid: {choices.replace(chr(39), '')}"
-    return f"{key}: {body.strip().splitlines()[0].strip()}"
+        valid = choices.replace("'", "")
+        return f"{key}: invalid value {given.group(1).strip()!r}; valid: {valid}"
+    # a union's refusal lists each member's; None's ("Expected a <class 'NoneType'>") says nothing
+    members = re.findall(r"^\s*- (.+)$", body, re.M)
+    reasons = [reason.strip() for reason in members if "NoneType" not in reason]
+    if given and reasons:
+        return f"{key}: invalid value {given.group(1).strip()!r} ({'; '.join(reasons)})"
+    first_line = body.strip().splitlines()[0].strip()
+    return f"{key}: {first_line}"

@@ -18,17 +18,15 @@ class Precision:
     accelerate: str | None
 
 
-PRECISIONS = {
-    p.name: p
-    for p in (
-        Precision("32-true", "float32", autocast=False, accelerate="no"),
-        Precision("bf16-mixed", "bfloat16", autocast=True, accelerate="bf16"),
-        Precision("16-mixed", "float16", autocast=True, accelerate="fp16"),
-        Precision("bf16-true", "bfloat16", autocast=False, accelerate=None),
-        Precision("16-true", "float16", autocast=False, accelerate=None),
-        Precision("64-true", "float64", autocast=False, accelerate=None),
-    )
-}
+_TABLE = (
+    Precision("32-true", "float32", autocast=False, accelerate="no"),
+    Precision("bf16-mixed", "bfloat16", autocast=True, accelerate="bf16"),
+    Precision("16-mixed", "float16", autocast=True, accelerate="fp16"),
+    Precision("bf16-true", "bfloat16", autocast=False, accelerate=None),
+    Precision("16-true", "float16", autocast=False, accelerate=None),
+    Precision("64-true", "float64", autocast=False, accelerate=None),
+)
+PRECISIONS = {entry.name: entry for entry in _TABLE}
 #: The short names Lightning also accepts.
 ALIASES = {"32": "32-true", "bf16": "bf16-mixed", "16": "16-mixed", "64": "64-true"}
 
@@ -36,7 +34,9 @@ ALIASES = {"32": "32-true", "bf16": "bf16-mixed", "16": "16-mixed", "64": "64-tr
 def precision(name: object, key: str = "trainer.precision") -> Precision:
     """The :class:`Precision` of ``name`` (a Lightning name or its short form, ``None``: ``32-true``); a
     ConfigError naming ``key`` and the valid names if it is none of them."""
-    text = "32-true" if name is None else str(name).strip().lower()
+    text = "32-true"
+    if name is not None:
+        text = str(name).strip().lower()
     text = ALIASES.get(text, text)
     require(text in PRECISIONS, f"{key}: unknown precision {name!r}; valid: {', '.join(PRECISIONS)}")
     return PRECISIONS[text]

@@ -29,6 +29,7 @@ from modelwright.precision import precision as precision_of
 from modelwright.record import build_record, write_record
 from modelwright.report.run_summary import summary_lines, write_tensorboard
 from modelwright.train.args import DataArgs, ModelArgs, TrainerArgs, limited_batches
+from modelwright.train.checks import check_accelerate_run
 from modelwright.train.datasets import image_datasets, image_loader
 from modelwright.train.models import apply_gradient_checkpointing, build_model, checkpointed_modules
 from modelwright.train.optim import build_optimizer, build_scheduler
@@ -87,6 +88,7 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
         warmup_steps: optimizer steps left out of timing and memory peaks; the next one's anatomy is captured.
         out: the folder that holds ``<name>/accelerate/version_N`` (Lightning's ``save_dir``).
     """
+    check_accelerate_run(data, trainer, out)  # what main.py fit checks, before any work (train/checks.py)
     require(warmup_steps >= 0, f"warmup_steps: must be >= 0, got {warmup_steps}")
     config = {"seed_everything": seed_everything, "cpu_malloc": cpu_malloc, "warmup_steps": warmup_steps,
               "model": asdict(model), "data": asdict(data), "trainer": asdict(trainer)}

@@ -4,8 +4,8 @@ anatomy as a table and a figure. Both loops print it (the Lightning callback and
 from collections.abc import Mapping
 from typing import Any
 
-from modelwright.record import ANATOMY_CATEGORIES
 from modelwright.fmt import duration, pct, sig
+from modelwright.record import ANATOMY_CATEGORIES
 
 #: Below this share of their threads' time, a CPU run's measured steps waited for their cores (the machine was
 #: busy with something else): the times are flagged as contended. A free 2-core machine gives 0.95-1.0.

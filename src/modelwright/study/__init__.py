@@ -1,5 +1,6 @@
-"""The efficiency study (``uv run python -m modelwright study --help``): a plan of experiment configs, each trained
-for a short measured window in a fresh process; then :mod:`modelwright.report` writes the table, plots and README."""
+"""The efficiency study (``uv run python -m modelwright study --help``): a plan of experiment configs, each
+trained for a short measured window in a fresh process; then :mod:`modelwright.report` writes the table, plots
+and README."""
 
 import dataclasses
 import inspect
@@ -9,20 +10,38 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
-from modelwright import REPO_ROOT
+from modelwright import fmt, repo_path
 from modelwright.errors import require
-from modelwright.report import fmt, generate
-from modelwright.study import plan as p
+from modelwright.report import generate
 from modelwright.study.budget import budget_phase
-from modelwright.study.plan import patch_callbacks, resolve_config
+from modelwright.study.plan import (
+    Entry,
+    Plan,
+    RunSpec,
+    Settings,
+    build_spec,
+    check_effective_batch,
+    cli_value,
+    command,
+    for_device,
+    load_plan,
+    patch_callbacks,
+    rel,
+    resolve_config,
+)
 from modelwright.study.runner import DONE_STATUSES, Progress, Study, say, study_lock
 
 __all__ = ["DONE_STATUSES", "hardware_slug", "patch_callbacks", "resolve_config", "study"]
+
+#: The vector instruction sets a CPU slug names, best first.
+_VECTOR_ISAS = ("avx512", "avx2", "neon", "asimd")
 
 
 def slugify(text: str) -> str:
@@ -31,33 +50,183 @@ def slugify(text: str) -> str:
 
 
 def hardware_slug(accelerator: str = "auto") -> str:
-    """``cpu-<cpu model>-<vector ISA>-<n>cores`` or ``cuda-<gpu name>`` (``-x<n>`` for several GPUs), lowercase with
-    dashes. A CPU's names its vector ISA: one model name ("AMD EPYC") covers machines with and without AVX-512."""
+    """``cpu-<cpu model>-<vector ISA>-<n>cores`` or ``cuda-<gpu name>`` (``-x<n>`` for several GPUs),
+    lowercase with dashes. A CPU's names its vector ISA: one model name ("AMD EPYC") covers machines with and
+    without AVX-512."""
     import torch
 
     if accelerator in ("cuda", "gpu") or (accelerator == "auto" and torch.cuda.is_available()):
         require(torch.cuda.is_available(), f"accelerator: {accelerator} but no CUDA device is visible")
-        n = torch.cuda.device_count()
-        return f"cuda-{slugify(torch.cuda.get_device_name(0))}" + (f"-x{n}" if n > 1 else "")
+        slug = f"cuda-{slugify(torch.cuda.get_device_name(0))}"
+        gpus = torch.cuda.device_count()
+        if gpus > 1:
+            slug += f"-x{gpus}"
+        return slug
     if accelerator not in ("auto", "cpu"):
         return slugify(accelerator)
     from modelwright.measure.facts import cpu_model, cpuinfo
 
     flags = set(cpuinfo().get("flags", "").split())
-    isa = next((name for name in ("avx512", "avx2", "neon", "asimd") if name in flags or f"{name}f" in flags), None)
-    return "-".join(filter(None, ["cpu", slugify(cpu_model()) or "unknown", isa, f"{os.cpu_count()}cores"]))
+    isa = next((name for name in _VECTOR_ISAS if name in flags or f"{name}f" in flags), None)
+    parts = ["cpu", slugify(cpu_model()) or "unknown", isa, f"{os.cpu_count()}cores"]
+    return "-".join(part for part in parts if part)
 
 
-def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] | None = None, model: str | None = None,
-          accelerator: str = "auto", warmup_steps: NonNegativeInt | None = None, steps: PositiveInt | None = None,
-          repeats: PositiveInt | None = None, val_batches: NonNegativeInt | None = None,
-          overrides: dict[str, Any] | None = None, budget_gib: PositiveFloat | None = None, budget: bool = True,
-          results: Path = Path("results"), slug: str | None = None, workdir: Path = Path("lightning_logs/study"),
+def _device_kinds(device: str) -> set[str]:
+    """What the plan's ``accelerators`` lists are matched against here. cpu-bf16: a CPU with bf16 instructions
+    (elsewhere bf16 autocast is emulated: ~15× an fp32 step)."""
+    from modelwright.measure.facts import cpuinfo
+
+    if device == "cpu" and {"avx512_bf16", "amx_bf16"} & set(cpuinfo().get("flags", "").split()):
+        return {device, "cpu-bf16"}
+    return {device}
+
+
+def _runnable(plan: Plan, only: list[str] | None, device: str) -> tuple[list[Entry], list[Entry]]:
+    """The plan's entries to run here and those that run on other devices. A run named in ``only`` runs
+    anyway: the user asked for it (e.g. to check a bf16 prediction on such a CPU)."""
+    names = [entry.name for entry in plan.entries]
+    for name in only or []:
+        require(name in names, f"only: {name!r} is not a run of {plan.path}; valid: {', '.join(names)}")
+    entries = [entry for entry in plan.entries if not only or entry.name in only]
+    if only:
+        return entries, []
+    kinds = _device_kinds(device)
+    runnable = [entry for entry in entries if not entry.accelerators or kinds & set(entry.accelerators)]
+    return runnable, [entry for entry in entries if entry not in runnable]
+
+
+def _say_elsewhere(elsewhere: list[Entry], device: str) -> None:
+    for entry in elsewhere:
+        emulated = ""
+        if device == "cpu" and "cpu-bf16" in entry.accelerators:
+            emulated = ": bf16 is emulated on this CPU"
+        say(f"  {entry.name}: not on {device} (runs on {', '.join(entry.accelerators)}{emulated})")
+
+
+def _say_dry_run(specs: Sequence[RunSpec], runner: Study, workdir: Path) -> None:
+    for spec in specs:
+        state = "recorded" if runner.recorded(spec) else "to run"
+        args = command(spec, workdir / spec.folder)
+        say(f"  {spec.label} [{spec.config_hash}] {state}: python {' '.join(args)}")
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends the study as Ctrl-C does: the running child's group is killed and the lock released."""
+    if threading.current_thread() is not threading.main_thread():  # where Python can set a handler
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: not set by Python code
+            signal.signal(signal.SIGTERM, previous)
+
+
+@dataclasses.dataclass
+class _Sweep:
+    """What one study command runs: the plan, its settings, the runs in order and the budget phase."""
+
+    plan: Plan
+    settings: Settings
+    device: str
+    runnable: list[Entry]
+    elsewhere: list[Entry]
+    specs: list[RunSpec]
+    budget_gib: float | None
+    budget_runs: list[str]
+
+    @property
+    def budget(self) -> bool:
+        return bool(self.budget_gib and self.budget_runs)
+
+
+def _settings(plan: Plan, arguments: dict[str, Any], device: str) -> Settings:
+    """The command line's values over the plan's (steps may be per device)."""
+    def chosen(argument: str, planned: Any) -> Any:
+        return planned if arguments[argument] is None else arguments[argument]
+
+    return Settings(arguments["slug"], arguments["accelerator"],
+                    warmup_steps=for_device(chosen("warmup_steps", plan.warmup_steps), device),
+                    measured_steps=for_device(chosen("steps", plan.measured_steps), device),
+                    repeats=arguments["repeats"] or plan.repeats,
+                    val_batches=chosen("val_batches", plan.val_batches),
+                    model=arguments["model"] or plan.model, overrides=dict(arguments["overrides"] or {}))
+
+
+def _sweep(plan: Plan, arguments: dict[str, Any]) -> _Sweep:
+    """Resolve every run's config before anything runs."""
+    slug = arguments["slug"]
+    require(re.fullmatch(r"[a-z0-9][a-z0-9._-]*", slug) is not None, f"slug: {slug!r} is not a plain name")
+    device = "cpu"
+    if arguments["accelerator"] in ("cuda", "gpu") or slug.startswith("cuda-"):
+        device = "cuda"
+    settings = _settings(plan, arguments, device)
+    runnable, elsewhere = _runnable(plan, arguments["only"], device)
+    # Round-robin: every run once, then again, so that a slow spell of the machine spreads over every row.
+    specs = [build_spec(entry, plan.entries.index(entry), settings, repeat)
+             for repeat in range(settings.repeats) for entry in runnable]
+    check_effective_batch(specs, runnable)
+    budget_gib = None
+    if arguments["budget"]:
+        budget_gib = arguments["budget_gib"] or plan.budget_gib
+    runnable_names = {entry.name for entry in runnable}
+    budget_runs = [name for name in plan.budget_runs if name in runnable_names]
+    return _Sweep(plan, settings, device, runnable, elsewhere, specs, budget_gib, budget_runs)
+
+
+def _announce(sweep: _Sweep, to_run: int, results_dir: Path) -> None:
+    settings = sweep.settings
+    budget = ""
+    if sweep.budget:
+        budget = f"; budget {sweep.budget_gib:g} GiB for {', '.join(sweep.budget_runs)}"
+    say(f"study {sweep.plan.path} on {settings.slug}: {len(sweep.specs)} runs ({to_run} to run; "
+        f"{settings.repeats} repeats, round-robin), {settings.warmup_steps} warm-up + 1 anatomy + "
+        f"{settings.measured_steps} measured steps each{budget}\nresults: {rel(results_dir)}/")
+    _say_elsewhere(sweep.elsewhere, sweep.device)
+
+
+def _run(sweep: _Sweep, runner: Study, to_run: int) -> None:
+    with Progress(to_run) as progress:
+        for spec in sweep.specs:
+            runner.run(spec, progress)
+        if sweep.budget:
+            budget_phase(runner, sweep.runnable, progress, sweep.budget_gib * 1024)
+
+
+def _write_summary(sweep: _Sweep, runner: Study, results_dir: Path, cmd: list[str], wall_s: float) -> None:
+    summary = {"plan": sweep.plan.path, "command": " ".join(cmd), **dataclasses.asdict(sweep.settings),
+               "repeat_order": "round-robin", "budget_gib": sweep.budget_gib if sweep.budget else None,
+               "runs_not_on_this_device": [entry.name for entry in sweep.elsewhere],
+               "runs_executed": runner.executed, "runs_skipped": runner.skipped, "runs_failed": runner.failed,
+               "wall_time_s": wall_s, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (results_dir / "study.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    say(f"study done in {fmt.duration(wall_s)}: {runner.executed} run, {runner.skipped} skipped, "
+        f"{runner.failed} not ok; records: {rel(runner.records_path)}")
+
+
+def _command(arguments: dict[str, Any]) -> list[str]:
+    """The study command that reproduces the records: the arguments that differ from their defaults."""
+    defaults = inspect.signature(study).parameters
+    given = {name: value for name, value in arguments.items() if value != defaults[name].default}
+    return ["python", "-m", "modelwright", "study", *(f"--{name}={cli_value(value)}" for name, value in
+                                                       given.items())]
+
+
+def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] | None = None,
+          model: str | None = None, accelerator: str = "auto", warmup_steps: NonNegativeInt | None = None,
+          steps: PositiveInt | None = None, repeats: PositiveInt | None = None,
+          val_batches: NonNegativeInt | None = None, overrides: dict[str, Any] | None = None,
+          budget_gib: PositiveFloat | None = None, budget: bool = True, results: Path = Path("results"),
+          slug: str | None = None, workdir: Path = Path("lightning_logs/study"),
           readme: Path | None = Path("README.md"), report: bool = True, allow_mixed: bool = False,
           rerun: bool = False, retry_failed: bool = False, run_timeout_s: PositiveFloat | None = None,
           predict: bool = True, dry_run: bool = False) -> int:
-    """Run a plan of experiment configs, each in a fresh process, then write the table, plots and README section.
-    Returns 0, or 1 if every run it ran failed (a user error raises ConfigError: one line, exit status 2).
+    """Run a plan of experiment configs, each in a fresh process, then write the table, plots and README
+    section. Returns 0, or 1 if every run it ran failed (a user error raises ConfigError: one line, exit
+    status 2).
 
     Args:
         plan: the plan file (configs/study/plan_*.yaml).
@@ -80,81 +249,37 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
         rerun: run again even what is recorded.
         retry_failed: run again the runs recorded as failed or oom.
         run_timeout_s: stop a run (and record it as failed) after this long.
-        predict: profile one step of the baseline and write every run's predicted peak before it (the budget needs it).
+        predict: profile one step of the baseline and write every run's predicted peak before it (the budget
+            needs it).
         dry_run: list the runs and their commands; run nothing.
     """
-    given = {k: v for k, v in locals().items() if v != inspect.signature(study).parameters[k].default}
-    cmd = ["python", "-m", "modelwright", "study", *(f"--{k}={p.cli_value(v)}" for k, v in given.items())]
-    t0 = time.perf_counter()
-    the_plan = p.load_plan(plan if plan.exists() or plan.is_absolute() else REPO_ROOT / plan)
-    slug = slug or hardware_slug(accelerator)
-    require(re.fullmatch(r"[a-z0-9][a-z0-9._-]*", slug) is not None, f"slug: {slug!r} is not a plain name")
-    device = "cuda" if accelerator in ("cuda", "gpu") or slug.startswith("cuda-") else "cpu"
-    settings = p.Settings(
-        slug, accelerator, p.for_device(the_plan.warmup_steps if warmup_steps is None else warmup_steps, device),
-        p.for_device(the_plan.measured_steps if steps is None else steps, device), repeats or the_plan.repeats,
-        the_plan.val_batches if val_batches is None else val_batches, model or the_plan.model, dict(overrides or {}))
-    names = [e.name for e in the_plan.entries]
-    for name in only or []:
-        require(name in names, f"only: {name!r} is not a run of {the_plan.path}; valid: {', '.join(names)}")
-    entries = [e for e in the_plan.entries if not only or e.name in only]
-    from modelwright.measure.facts import cpuinfo
-
-    # cpu-bf16: a CPU with bf16 instructions (elsewhere bf16 autocast is emulated: ~15× an fp32 step).
-    bf16 = device == "cpu" and {"avx512_bf16", "amx_bf16"} & set(cpuinfo().get("flags", "").split())
-    kinds = {device, "cpu-bf16"} if bf16 else {device}
-    # A run named in --only runs anyway: the user asked for it (e.g. to check a bf16 prediction on such a CPU).
-    runnable = entries if only else [e for e in entries if not e.accelerators or kinds & set(e.accelerators)]
-    # Round-robin: every run once, then again, so that a slow spell of the machine spreads over every row.
-    specs = [p.build_spec(e, names.index(e.name), settings, r) for r in range(settings.repeats) for e in runnable]
-    p.check_effective_batch(specs, runnable)
-    budget_gib = budget_gib or the_plan.budget_gib
-    budget_runs = [n for n in the_plan.budget_runs if n in {e.name for e in runnable}]
-    do_budget = bool(budget and budget_gib and budget_runs)
-    results_dir, workdir = results.resolve() / slug, workdir.resolve() / slug
-    runner = Study(the_plan, settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed, profile=predict,
-                   run_timeout_s=run_timeout_s, cmd=cmd)
-    to_run = sum(runner.recorded(s) is None for s in specs)
-    say(f"study {the_plan.path} on {slug}: {len(specs)} runs ({to_run} to run; {settings.repeats} repeats, "
-        f"round-robin), {settings.warmup_steps} warm-up + 1 anatomy + {settings.measured_steps} measured steps each"
-        + (f"; budget {budget_gib:g} GiB for {', '.join(budget_runs)}" if do_budget else "")
-        + f"\nresults: {p.rel(results_dir)}/")
-    elsewhere = [e for e in entries if e not in runnable]
-    for e in elsewhere:
-        emulated = ": bf16 is emulated on this CPU" if device == "cpu" and "cpu-bf16" in e.accelerators else ""
-        say(f"  {e.name}: not on {device} (runs on {', '.join(e.accelerators)}{emulated})")
+    arguments = dict(locals())
+    cmd = _command(arguments)
+    started = time.perf_counter()
+    the_plan = load_plan(repo_path(plan))
+    arguments["slug"] = slug or hardware_slug(accelerator)
+    sweep = _sweep(the_plan, arguments)
+    results_dir = results.resolve() / sweep.settings.slug
+    workdir = workdir.resolve() / sweep.settings.slug
+    runner = Study(sweep.plan, sweep.settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed,
+                   profile=predict, run_timeout_s=run_timeout_s, cmd=cmd)
+    to_run = sum(runner.recorded(spec) is None for spec in sweep.specs)
+    _announce(sweep, to_run, results_dir)
     if dry_run:
-        for s in specs:
-            state = "recorded" if runner.recorded(s) else "to run"
-            say(f"  {s.label} [{s.config_hash}] {state}: python {' '.join(p.command(s, workdir / s.folder))}")
+        _say_dry_run(sweep.specs, runner, workdir)
         return 0
-    # SIGTERM ends the study as Ctrl-C does: the running child's group is killed and the lock released.
-    main_thread = threading.current_thread() is threading.main_thread()  # where Python can set a handler
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if main_thread else None
     try:
-        with study_lock(results_dir):
-            with Progress(to_run) as progress:
-                for spec in specs:
-                    runner.run(spec, progress)
-                if do_budget:
-                    budget_phase(runner, runnable, progress, budget_gib * 1024)
-            wall_s = time.perf_counter() - t0
-            summary = {"plan": the_plan.path, "command": " ".join(cmd), **dataclasses.asdict(settings),
-                       "repeat_order": "round-robin", "budget_gib": budget_gib if do_budget else None,
-                       "runs_not_on_this_device": [e.name for e in elsewhere], "runs_executed": runner.executed,
-                       "runs_skipped": runner.skipped, "runs_failed": runner.failed, "wall_time_s": wall_s,
-                       "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-            (results_dir / "study.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-            say(f"study done in {fmt.duration(wall_s)}: {runner.executed} run, {runner.skipped} skipped, "
-                f"{runner.failed} not ok; records: {p.rel(runner.records_path)}")
+        with _sigterm_as_interrupt(), study_lock(results_dir):
+            _run(sweep, runner, to_run)
+            _write_summary(sweep, runner, results_dir, cmd, time.perf_counter() - started)
     except KeyboardInterrupt:
         say("interrupted: the runs recorded so far are kept; the same command resumes")
         return 130
-    finally:
-        if previous is not None:  # None: not set here, or by no Python code
-            signal.signal(signal.SIGTERM, previous)
     if report:
-        written = generate(results_dir, readme=readme.resolve() if readme else None, allow_mixed=allow_mixed)
-        say("report: " + ", ".join(p.rel(w) for w in written))
+        readme_path = repo_path(readme).resolve() if readme else None
+        written = generate(results_dir, readme=readme_path, allow_mixed=allow_mixed)
+        say("report: " + ", ".join(rel(path) for path in written))
     # Failed runs are results (recorded, shown in the table); only a study that measured nothing is an error.
-    return 1 if runner.executed and runner.failed == runner.executed else 0
+    if runner.executed and runner.failed == runner.executed:
+        return 1
+    return 0

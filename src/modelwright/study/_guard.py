@@ -1,8 +1,9 @@
 """Runs one study child, and kills its process group when the study dies, even by SIGKILL.
 
-``python _guard.py STUDY_PID COMMAND...``, run as a file (it starts in milliseconds) in a group of its own: the kernel
-sends SIGUSR1 when the study exits (``PR_SET_PDEATHSIG``, Linux), and SIGKILL to the group ends the run and whatever it
-started (another DDP rank). SIGTERM to the group is the study asking the run to stop cleanly: this waits for it."""
+``python _guard.py STUDY_PID COMMAND...``, run as a file (it starts in milliseconds) in a group of its own:
+the kernel sends SIGUSR1 when the study exits (``PR_SET_PDEATHSIG``, Linux), and SIGKILL to the group ends the
+run and whatever it started (another DDP rank). SIGTERM to the group is the study asking the run to stop
+cleanly: this waits for it."""
 
 import contextlib
 import ctypes
@@ -18,7 +19,8 @@ def _kill_group(*_):
 
 signal.signal(signal.SIGUSR1, _kill_group)
 signal.signal(signal.SIGTERM, lambda *_: None)
-with contextlib.suppress(OSError, AttributeError):  # not Linux: the study's own cleanup kills the group on exit
+# not Linux: the study's own cleanup kills the group on exit
+with contextlib.suppress(OSError, AttributeError):
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGUSR1))  # 1: PR_SET_PDEATHSIG
 if os.getppid() != int(sys.argv[1]):  # the study died before the parent-death signal was armed
     _kill_group()

@@ -1,69 +1,119 @@
-"""The largest micro-batch under a memory budget: predicted by the planner from the baseline's profile, confirmed by
-two runs. The predicted batch must fit (one correction if it lands over, by the planner's measured miss), and a run a
-few percent larger must not: both together say the batch is the largest, within that margin."""
+"""The largest micro-batch under a memory budget: predicted by the planner from the baseline's profile,
+confirmed by two runs. The predicted batch must fit (one correction if it lands over, by the planner's
+measured miss), and a run a few percent larger must not: both together say the batch is the largest, within
+that margin."""
 
 import math
 from collections.abc import Sequence
 from typing import Any
 
-from modelwright import planner
+from modelwright import fmt, planner
 from modelwright.record import get_path
-from modelwright.report import fmt, tables
 from modelwright.study.plan import Entry, build_spec
 from modelwright.study.runner import Progress, Study, say
+from modelwright.study_rows import peak_mib
 
 #: How much larger than the confirmed batch the run that must exceed the budget is.
 OVER_FRACTION = 0.05
+#: ``study.prediction_method`` of a confirming run: how its batch was chosen.
+PLANNER = "planner"
+CORRECTED = "planner, corrected by the miss"
 
 
 def budget_phase(study: Study, entries: Sequence[Entry], progress: Progress, budget_mib: float) -> None:
     """Predict and confirm the largest micro-batch under ``budget_mib`` for each of the plan's budget runs."""
-    by_name = {e.name: (i, e) for i, e in enumerate(study.plan.entries) if e in entries}
-    for name in [n for n in study.plan.budget_runs if n in by_name]:
-        _largest_batch(study, *by_name[name], progress, budget_mib)
+    by_name = {}
+    for index, entry in enumerate(study.plan.entries):
+        if entry in entries:
+            by_name[entry.name] = (index, entry)
+    for name in study.plan.budget_runs:
+        if name in by_name:
+            index, entry = by_name[name]
+            _largest_batch(_BudgetRuns(study, index, entry, progress, budget_mib))
 
 
-def _largest_batch(study: Study, index: int, entry: Entry, progress: Progress, budget_mib: float) -> None:
-    plain = build_spec(entry, index, study.settings)
-    profile = study.baseline(get_path(plain.resolved, "model.model_name"))
+class _BudgetRuns:
+    """One plan entry's budget runs: the planner's predictions from the baseline's profile, and runs at a
+    given micro-batch."""
 
-    def peak_at(batch: int) -> float | None:
-        cfg = {**plain.resolved, "data": {**plain.resolved["data"], "batch_size": batch}}
-        return planner.predict_peak_mib(profile, cfg)["total"] if batch else None
+    def __init__(self, study: Study, index: int, entry: Entry, progress: Progress, budget_mib: float) -> None:
+        self.study = study
+        self.index = index
+        self.entry = entry
+        self.progress = progress
+        self.budget_mib = budget_mib
+        self.plain = build_spec(entry, index, study.settings)
+        self.profile = study.baseline(get_path(self.plain.resolved, "model.model_name"))
 
-    def run_at(batch: int, **extra: Any) -> dict:
-        # The run a few percent over may share its batch with an attempt that missed the budget: as repeat 1 it is
-        # run for what it is, not skipped as that attempt's record.
-        spec = build_spec(entry, index, study.settings, repeat=int(extra["role"] == "over"), kind="budget",
-                          batch_size=batch, extra={"budget_mib": budget_mib, **extra})
-        return study.run(spec, progress)
+    def largest(self, budget_mib: float) -> int:
+        """The planner's largest micro-batch under ``budget_mib`` (0 without a profile)."""
+        if self.profile is None:
+            return 0
+        return int(planner.largest_batch(self.profile, self.plain.resolved, budget_mib))
 
-    batch = int(planner.largest_batch(profile, plain.resolved, budget_mib)) if profile is not None else 0
-    predicted = peak_at(batch) if batch else None
-    if batch < 1:
-        why = "no profile of the baseline to predict from" if profile is None else "the fixed part alone exceeds it"
-        return say(f"{entry.name} (budget): skipped ({why})")
-    progress.add_runs(2)
-    how = "planner"
+    def predicted_peak(self, batch: int) -> float | None:
+        if not batch:
+            return None
+        config = {**self.plain.resolved, "data": {**self.plain.resolved["data"], "batch_size": batch}}
+        return planner.predict_peak_mib(self.profile, config)["total"]
+
+    def run(self, batch: int, **extra: Any) -> dict:
+        # The run a few percent over may share its batch with an attempt that missed the budget: as repeat 1
+        # it is run for what it is, not skipped as that attempt's record.
+        repeat = int(extra["role"] == "over")
+        spec = build_spec(self.entry, self.index, self.study.settings, repeat=repeat, kind="budget",
+                          batch_size=batch, extra={"budget_mib": self.budget_mib, **extra})
+        return self.study.run(spec, self.progress)
+
+    def fits(self, record: dict) -> bool:
+        peak = peak_mib(record)
+        return record.get("status") == "ok" and peak is not None and peak <= self.budget_mib
+
+
+def _confirmed_batch(runs: _BudgetRuns, batch: int) -> int | None:
+    """The planner's ``batch`` if a run confirms it fits, else one corrected attempt; None if neither fits."""
+    predicted = runs.predicted_peak(batch)
+    method = PLANNER
     for attempt in (1, 2):
-        record = run_at(batch, role="confirm", attempt=attempt, predicted_batch=batch, predicted_peak_mib=predicted,
-                        prediction=how, from_run_id=profile.get("run_id"))
-        peak = tables.peak_mib(record)
-        fits = record.get("status") == "ok" and peak is not None and peak <= budget_mib
-        if fits or attempt == 2 or peak is None:
-            break
+        record = runs.run(batch, role="confirm", attempt=attempt, predicted_batch=batch,
+                          predicted_peak_mib=predicted, prediction_method=method,
+                          from_run_id=runs.profile.get("run_id"))
+        if runs.fits(record):
+            return batch
+        peak = peak_mib(record)
+        if attempt == 2 or peak is None:
+            return None
         # The planner missed by a measured amount: predict again for a budget less that much.
-        missed, how = batch, "planner, corrected by the miss"
-        batch = min(int(planner.largest_batch(profile, plain.resolved, budget_mib - (peak - predicted))), missed - 1)
+        missed = batch
+        method = CORRECTED
+        batch = min(runs.largest(runs.budget_mib - (peak - predicted)), missed - 1)
         if batch < 1:
-            break
-        predicted = peak_at(batch)  # of the batch run, also where the correction was capped below the missed one
-        progress.add_runs(1)
-    if not fits:
-        progress.add_runs(-1)
-        return say(f"{entry.name} (budget, over): skipped (no batch was confirmed under the budget)")
-    over = batch + max(1, math.ceil(batch * OVER_FRACTION))
-    peak = tables.peak_mib(run_at(over, role="over", confirmed_batch=batch))
-    largest = peak is not None and peak > budget_mib
-    say(f"{entry.name}: batch {batch} fits {fmt.sig(budget_mib)} MiB, batch {over} peaks at {fmt.sig(peak)} MiB: "
-        + ("the largest" if largest else f"not the largest (batch + {fmt.pct(OVER_FRACTION)} fits)"))
+            return None
+        # of the batch run, also where the correction was capped below the missed one
+        predicted = runs.predicted_peak(batch)
+        runs.progress.add_runs(1)
+    return None
+
+
+def _largest_batch(runs: _BudgetRuns) -> None:
+    name = runs.entry.name
+    batch = runs.largest(runs.budget_mib)
+    if batch < 1:
+        why = "the fixed part alone exceeds it"
+        if runs.profile is None:
+            why = "no profile of the baseline to predict from"
+        say(f"{name} (budget): skipped ({why})")
+        return
+    runs.progress.add_runs(2)
+    confirmed = _confirmed_batch(runs, batch)
+    if confirmed is None:
+        runs.progress.add_runs(-1)
+        say(f"{name} (budget, over): skipped (no batch was confirmed under the budget)")
+        return
+    over = confirmed + max(1, math.ceil(confirmed * OVER_FRACTION))
+    peak = peak_mib(runs.run(over, role="over", confirmed_batch=confirmed))
+    verdict = f"not the largest (batch + {fmt.pct(OVER_FRACTION)} fits)"
+    if peak is not None and peak > runs.budget_mib:
+        verdict = "the largest"
+    say(f"{name}: batch {confirmed} fits {fmt.sig(runs.budget_mib)} MiB, batch {over} peaks at "
+        f"{fmt.sig(peak)} MiB: {verdict}")

@@ -1,5 +1,5 @@
-"""A study's runs: fresh processes whose group dies with the study, resume, failure records, predictions written
-before each run, a lock that keeps two studies off one results folder."""
+"""A study's runs: fresh processes whose group dies with the study, resume, failure records, predictions
+written before each run, a lock that keeps two studies off one results folder."""
 
 import contextlib
 import fcntl
@@ -13,64 +13,99 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from tqdm import tqdm
 
-from modelwright import REPO_ROOT, planner
-from modelwright import record as rec
+from modelwright import REPO_ROOT, fmt, planner
 from modelwright.errors import ConfigError
-from modelwright.report import fmt
-from modelwright.study import plan as p
+from modelwright.record import (
+    append_record,
+    build_record,
+    get_path,
+    now_iso,
+    provenance,
+    read_records,
+    to_jsonable,
+    validate_record,
+    write_text_atomic,
+)
+from modelwright.study.plan import (
+    Plan,
+    RunSpec,
+    Settings,
+    build_spec,
+    command,
+    effective_batch,
+    patch_callbacks,
+    rel,
+    world_size,
+)
 
 GUARD = Path(__file__).with_name("_guard.py")
-#: Statuses that count as recorded for resume: an interrupted run is not a result, a failed one is (retry_failed).
+#: Statuses that count as recorded for resume: an interrupted run is not a result, a failed one is
+#: (retry_failed).
 DONE_STATUSES = ("ok", "oom", "diverged", "failed")
 
 
 @contextlib.contextmanager
 def study_lock(folder: Path) -> Iterator[Path]:
-    """``study.lock`` in ``folder``, holding the PID, locked while a study writes there: the kernel releases the lock
-    when the study dies, however it dies; a live study's lock is a ConfigError."""
+    """``study.lock`` in ``folder``, holding the PID, locked while a study writes there: the kernel releases
+    the lock when the study dies, however it dies; a live study's lock is a ConfigError."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "study.lock"
-    with path.open("a+") as f:
+    with path.open("a+") as lock_file:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            f.seek(0)
-            raise ConfigError(f"{p.rel(folder)}: another study (PID {f.read().strip()}) is running on these results; "
+            lock_file.seek(0)
+            holder = lock_file.read().strip()
+            raise ConfigError(f"{rel(folder)}: another study (PID {holder}) is running on these results; "
                               "wait for it or stop it") from None
-        f.truncate(0)
-        print(os.getpid(), file=f, flush=True)
+        lock_file.truncate(0)
+        print(os.getpid(), file=lock_file, flush=True)
         try:
             yield path
         finally:
             path.unlink(missing_ok=True)
 
 
+class ChildResult(NamedTuple):
+    returncode: int
+    timed_out: bool
+    seconds: float
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
 def run_child(args: list[str], log_path: Path, env: Mapping[str, str], timeout_s: float | None,
-              tick: Callable[[float], None]) -> tuple[int, bool, float]:
-    """``python ARGS`` under ``_guard.py``, in a group of its own: ``(status, timed out, seconds)``. A timeout sends the
-    group SIGTERM, SIGKILL 30 s later; nothing of the group outlives this call (nor, by the guard, a killed study)."""
-    t0, timed_out = time.perf_counter(), False
+              tick: Callable[[float], None]) -> ChildResult:
+    """``python ARGS`` under ``_guard.py``, in a group of its own. A timeout sends the group SIGTERM, SIGKILL
+    30 s later; nothing of the group outlives this call (nor, by the guard, a killed study)."""
+    started = time.perf_counter()
+    timed_out = False
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, str(GUARD), str(os.getpid()), sys.executable, *args], cwd=REPO_ROOT,
-                                env=dict(env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, str(GUARD), str(os.getpid()), sys.executable, *args],
+                                cwd=REPO_ROOT, env=dict(env), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         while proc.poll() is None and not timed_out:
-            tick(elapsed := time.perf_counter() - t0)
-            if timed_out := timeout_s is not None and elapsed > timeout_s:
-                with contextlib.suppress(ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
-                    os.killpg(proc.pid, signal.SIGTERM)
+            elapsed = time.perf_counter() - started
+            tick(elapsed)
+            timed_out = timeout_s is not None and elapsed > timeout_s
+            if timed_out:
+                _kill_group(proc.pid, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=30)
             time.sleep(0.25)
     finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # stragglers (another rank), or the run itself on an exception
+        _kill_group(proc.pid, signal.SIGKILL)  # stragglers (another rank), or the run itself on an exception
         proc.wait()
-    return proc.returncode, timed_out, time.perf_counter() - t0
+    return ChildResult(proc.returncode, timed_out, time.perf_counter() - started)
 
 
 def scrub(text: str) -> str:
@@ -82,64 +117,77 @@ def scrub(text: str) -> str:
 
 
 def diagnose(output: str, returncode: int) -> tuple[str, str]:
-    """A run that left no record: ``oom`` for an out-of-memory crash or a SIGKILL (the kernel's OOM killer), else
-    ``failed``; and one line, the last error-looking line of its output with the exit code."""
+    """A run that left no record: ``oom`` for an out-of-memory crash or a SIGKILL (the kernel's OOM killer),
+    else ``failed``; and one line, the last error-looking line of its output with the exit code."""
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
     error = re.compile(r"^(error:|[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b)")
     found = next((line for line in reversed(lines) if error.match(line)), lines[-1] if lines else "")
-    how = f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
-    oom = "out of memory" in output.lower() or "outofmemoryerror" in output.lower() or returncode in (-9, 137)
-    return ("oom" if oom else "failed"), (scrub(f"{how}: {found}")[:500] if found else how)
+    how = f"exit status {returncode}"
+    if returncode < 0:
+        how = f"killed by signal {-returncode}"
+    lowered = output.lower()
+    oom = "out of memory" in lowered or "outofmemoryerror" in lowered or returncode in (-9, 137)
+    status = "oom" if oom else "failed"
+    if not found:
+        return status, how
+    return status, scrub(f"{how}: {found}")[:500]
 
 
-def failure_record(spec: p.RunSpec, status: str, error: str, run_id: str, accelerator: str, cmd: list[str]) -> dict:
-    """The record of a run that died before writing its own: what its config says, through the one record builder."""
+def failure_record(spec: RunSpec, status: str, error: str, run_id: str, accelerator: str,
+                   cmd: list[str]) -> dict:
+    """The record of a run that died before writing its own: what its config says, through the one record
+    builder."""
     from modelwright.measure import hardware_info, versions  # torch: only needed on this path
 
-    r = spec.resolved
-    techniques = {"model_name": rec.get_path(r, "model.model_name"), "world_size": p.world_size(r),
-                  "accumulate_grad_batches": rec.get_path(r, "trainer.accumulate_grad_batches"),
-                  "precision_requested": str(rec.get_path(r, "trainer.precision")),
-                  "micro_batch_size": rec.get_path(r, "data.batch_size"), "effective_batch_size": p.effective_batch(r)}
+    resolved = spec.resolved
+    techniques = {"model_name": get_path(resolved, "model.model_name"), "world_size": world_size(resolved),
+                  "accumulate_grad_batches": get_path(resolved, "trainer.accumulate_grad_batches"),
+                  "precision_requested": str(get_path(resolved, "trainer.precision")),
+                  "micro_batch_size": get_path(resolved, "data.batch_size"),
+                  "effective_batch_size": effective_batch(resolved)}
+    device = "cuda" if accelerator in ("cuda", "gpu") else "cpu"
     try:
-        hardware = hardware_info("cuda" if accelerator in ("cuda", "gpu") else "cpu", num_devices=p.world_size(r))
+        hardware = hardware_info(device, num_devices=world_size(resolved))
     except Exception:  # no such device in this process: the schema's nulls stay
         hardware = None
-    return rec.build_record(loop="lightning", status=status, error=error, run_id=run_id, command=cmd, config=r,
-                            techniques=techniques, hardware=hardware, versions=versions())
+    return build_record(loop="lightning", status=status, error=error, run_id=run_id, command=cmd,
+                        config=resolved, techniques=techniques, hardware=hardware, versions=versions())
 
 
 def profile_baseline(resolved: Mapping) -> dict:
-    """One profiled fp32 step (``measure.profile``) of the baseline's model, batch and optimizer, made in this process
-    before any run it predicts: what every prediction of the study starts from."""
+    """One profiled fp32 step (``measure.profile``) of the baseline's model, batch and optimizer, made in this
+    process before any run it predicts: what every prediction of the study starts from."""
     import torch
 
     from modelwright.measure.profile import profile_step
     from modelwright.train.models import build_model, checkpoint_segments
     from modelwright.train.optim import build_optimizer
 
-    m, batch = resolved["model"], int(rec.get_path(resolved, "data.batch_size"))
+    model_args = resolved["model"]
+    batch = int(get_path(resolved, "data.batch_size"))
     torch.manual_seed(0)
-    layout = torch.channels_last if m["channels_last"] else torch.contiguous_format
-    net = build_model(m["model_name"], m["num_classes"]).to(memory_format=layout)
-    opt = build_optimizer(net.parameters(), **{k: m[k] for k in ("optimizer", "lr", "momentum", "weight_decay",
-                                                                 "optimizer_impl")})
-    x = torch.randn(batch, 3, 32, 32).contiguous(memory_format=layout)
-    y = torch.randint(0, m["num_classes"], (batch,))
+    layout = torch.channels_last if model_args["channels_last"] else torch.contiguous_format
+    net = build_model(model_args["model_name"], model_args["num_classes"]).to(memory_format=layout)
+    optimizer_keys = ("optimizer", "lr", "momentum", "weight_decay", "optimizer_impl")
+    optimizer = build_optimizer(net.parameters(), **{key: model_args[key] for key in optimizer_keys})
+    images = torch.randn(batch, 3, 32, 32).contiguous(memory_format=layout)
+    labels = torch.randint(0, model_args["num_classes"], (batch,))
 
     def step() -> None:
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)  # as the Lightning path and the Accelerate loop do
+        torch.nn.functional.cross_entropy(net(images), labels).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # as the Lightning path and the Accelerate loop do
 
     step()  # the optimizer's state exists from here on
     segments = {}
     for granularity in ("stage", "block"):
         with contextlib.suppress(ConfigError):
             segments[granularity] = checkpoint_segments(net, granularity)
-    return {"run_id": f"profile-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}", "created_at": rec.now_iso(),
-            "provenance": rec.provenance(), "techniques": {"model_name": m["model_name"], "micro_batch_size": batch},
-            "profile": profile_step(net, step, batch, [opt], [x, y], segments)}
+    profile = profile_step(net, step, batch, [optimizer], [images, labels], segments)
+    return {"run_id": f"profile-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}", "created_at": now_iso(),
+            "provenance": provenance(),
+            "techniques": {"model_name": model_args["model_name"], "micro_batch_size": batch},
+            "profile": profile}
 
 
 def say(text: str) -> None:
@@ -151,121 +199,186 @@ class Progress(tqdm):
     """A bar over the runs to execute, on a terminal only."""
 
     def __init__(self, to_run: int) -> None:
-        super().__init__(total=to_run, unit="run", file=sys.stderr, disable=None, dynamic_ncols=True, leave=False)
+        super().__init__(total=to_run, unit="run", file=sys.stderr, disable=None, dynamic_ncols=True,
+                         leave=False)
 
-    def add_runs(self, n: int) -> None:
-        self.total += n
+    def add_runs(self, count: int) -> None:
+        self.total += count
         self.refresh()
 
 
 def _read_json(path: Path) -> dict | None:
     with contextlib.suppress(OSError, ValueError):
         data = json.loads(path.read_text(encoding="utf-8"))
-        return data if isinstance(data, dict) else None
+        if isinstance(data, dict):
+            return data
     return None
+
+
+def _done_key(record: Mapping) -> tuple[str, str, int] | None:
+    """What makes a committed record count for resume: ``(kind, config hash, repeat)``, or None."""
+    facts = record.get("study") or {}
+    if record.get("status") not in DONE_STATUSES or "config_hash" not in facts:
+        return None
+    return facts.get("kind", "run"), facts["config_hash"], facts.get("repeat", 0)
 
 
 class Study:
     """Runs specs in fresh processes, appending each record to ``records.jsonl``; skips recorded ones."""
 
-    def __init__(self, plan: p.Plan, settings: p.Settings, results_dir: Path, workdir: Path, *, rerun: bool = False,
-                 retry_failed: bool = False, run_timeout_s: float | None = None, cmd: list[str] | None = None,
-                 profile: bool = False) -> None:
-        self.plan, self.settings, self.workdir = plan, settings, workdir
-        self.records_path, self.predictions_path = results_dir / "records.jsonl", results_dir / "predictions.jsonl"
+    def __init__(self, plan: Plan, settings: Settings, results_dir: Path, workdir: Path, *,
+                 rerun: bool = False, retry_failed: bool = False, run_timeout_s: float | None = None,
+                 cmd: list[str] | None = None, profile: bool = False) -> None:
+        self.plan = plan
+        self.settings = settings
+        self.workdir = workdir
+        self.records_path = results_dir / "records.jsonl"
+        self.predictions_path = results_dir / "predictions.jsonl"
         self.profile_path = results_dir / "profile.json" if profile else None
-        self.rerun, self.retry_failed, self.run_timeout_s = rerun, retry_failed, run_timeout_s
+        self.rerun = rerun
+        self.retry_failed = retry_failed
+        self.run_timeout_s = run_timeout_s
         self.cmd = cmd or ["python", "-m", "modelwright", "study"]
         self.done: dict[tuple[str, str, int], dict] = {}
-        self.executed = self.skipped = self.failed = 0
-        for record in rec.read_records(self.records_path) if self.records_path.is_file() else []:
-            s = record.get("study") or {}
-            if record.get("status") in DONE_STATUSES and "config_hash" in s:
-                self.done[(s.get("kind", "run"), s["config_hash"], s.get("repeat", 0))] = record
+        self.executed = 0
+        self.skipped = 0
+        self.failed = 0
+        committed = read_records(self.records_path) if self.records_path.is_file() else []
+        for record in committed:
+            key = _done_key(record)
+            if key is not None:
+                self.done[key] = record
 
-    def recorded(self, spec: p.RunSpec) -> dict | None:
+    def recorded(self, spec: RunSpec) -> dict | None:
         """The record that makes running ``spec`` again unnecessary, if any."""
-        record = None if self.rerun else self.done.get((spec.kind, spec.config_hash, spec.repeat))
-        return None if self.retry_failed and record and record.get("status") in ("failed", "oom") else record
+        if self.rerun:
+            return None
+        record = self.done.get((spec.kind, spec.config_hash, spec.repeat))
+        if self.retry_failed and record and record.get("status") in ("failed", "oom"):
+            return None
+        return record
 
     def baseline(self, model: Any) -> dict | None:
-        """profile.json: the profile of the plan's first run (its baseline) on ``model``, made on first use, or None."""
+        """profile.json: the profile of the plan's first run (its baseline) on ``model``, made on first use,
+        or None."""
         if self.profile_path is None:  # predictions off, or profiling failed
             return None
         saved = _read_json(self.profile_path)
-        if saved is None or rec.get_path(saved, "techniques.model_name") != model:
-            first = p.build_spec(self.plan.entries[0], 0, self.settings)
-            if rec.get_path(first.resolved, "model.model_name") != model:
-                return None
-            say(f"profiling one step of {first.name} ({model}) for the predictions")
-            try:
-                saved = profile_baseline(first.resolved)
-            except Exception as err:  # the run itself will fail and say why; the study goes on unpredicted
-                say(f"no predictions: profiling {first.name} failed ({type(err).__name__}: {err})")
-                self.profile_path = None
-                return None
-            rec.write_text_atomic(self.profile_path, json.dumps(rec.to_jsonable(saved)) + "\n")
+        if saved is not None and get_path(saved, "techniques.model_name") == model:
+            return saved
+        first = build_spec(self.plan.entries[0], 0, self.settings)
+        if get_path(first.resolved, "model.model_name") != model:
+            return None
+        say(f"profiling one step of {first.name} ({model}) for the predictions")
+        try:
+            saved = profile_baseline(first.resolved)
+        except Exception as err:  # the run itself will fail and say why; the study goes on unpredicted
+            say(f"no predictions: profiling {first.name} failed ({type(err).__name__}: {err})")
+            self.profile_path = None
+            return None
+        write_text_atomic(self.profile_path, json.dumps(to_jsonable(saved)) + "\n")
         return saved
 
-    def run(self, spec: p.RunSpec, progress: Progress) -> dict:
+    def _predict(self, spec: RunSpec) -> dict | None:
+        """The planner's peak from the baseline's profile, in predictions.jsonl before the run starts: no
+        prediction has seen its measurement."""
+        base = self.baseline(get_path(spec.resolved, "model.model_name"))
+        if base is None:
+            return None
+        predicted = planner.predict_peak_mib(base, spec.resolved)
+        prediction = {"run": spec.name, "kind": spec.kind, "repeat": spec.repeat,
+                      "config_hash": spec.config_hash, "from_run_id": base.get("run_id"),
+                      "created_at": now_iso(), "predicted_mib": to_jsonable(predicted)}
+        append_record(self.predictions_path, prediction, validate=False)
+        return prediction
+
+    def _prepare(self, spec: RunSpec) -> Path:
+        """A clean run folder with the run's callbacks file."""
+        run_dir = self.workdir / spec.folder
+        # a stale record of an interrupted attempt must not be read back
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        callbacks = patch_callbacks(spec.resolved["trainer"]["callbacks"], self.settings.warmup_steps,
+                                    rel(run_dir / "record.json"))
+        callbacks_yaml = yaml.safe_dump({"trainer": {"callbacks": callbacks}}, sort_keys=False)
+        (run_dir / "callbacks.yaml").write_text(callbacks_yaml)
+        return run_dir
+
+    def _child_record(self, spec: RunSpec, run_dir: Path, child: ChildResult, output: str,
+                      run_id: str) -> dict:
+        """The run's own record, or one that says why there is none (timed out, crashed, invalid)."""
+        record = _read_json(run_dir / "record.json")
+        why = None
+        if child.timed_out:
+            why = ("failed", f"timed out after {fmt.duration(self.run_timeout_s)}")
+        elif record is None or (child.returncode != 0 and record.get("status") == "ok"):
+            why = diagnose(output, child.returncode)
+        elif validate_record(record):
+            why = ("failed", f"invalid record: {validate_record(record)[0]}")
+        if why:
+            status, error = why
+            record = failure_record(spec, status, error, run_id, self.settings.accelerator, self.cmd)
+        if isinstance(record.get("error"), str):
+            record["error"] = scrub(record["error"])
+        base_provenance = record.get("provenance") or provenance()
+        record["provenance"] = {**base_provenance, "command": " ".join(self.cmd)}
+        return record
+
+    def _study_facts(self, spec: RunSpec, args: list[str], child: ChildResult) -> dict:
+        repeats = self.settings.repeats if spec.kind == "run" else 1
+        return {"name": spec.name, "kind": spec.kind, "plan": self.plan.path, "index": spec.index,
+                "repeat": spec.repeat, "repeats": repeats, "config_hash": spec.config_hash,
+                "slug": self.settings.slug, "config_file": spec.config,
+                "overrides": to_jsonable(spec.overrides),
+                "warmup_steps": self.settings.warmup_steps, "measured_steps": spec.measured_steps,
+                "process_wall_s": child.seconds, "returncode": child.returncode,
+                "command": "python " + " ".join(args), **spec.extra}
+
+    def _skip(self, spec: RunSpec, existing: dict, progress: Progress) -> dict:
+        if spec.kind == "budget":  # budget runs are counted before they are known
+            progress.add_runs(-1)
+        say(f"{spec.label}: skipped (recorded: {existing.get('status')}, config {spec.config_hash})")
+        self.skipped += 1
+        return existing
+
+    def run(self, spec: RunSpec, progress: Progress) -> dict:
         """The spec's record: the existing one if already recorded, else a fresh run's."""
         existing = self.recorded(spec)
         if existing is not None:
-            progress.add_runs(-int(spec.kind == "budget"))  # budget runs are counted before they are known
-            say(f"{spec.label}: skipped (recorded: {existing.get('status')}, config {spec.config_hash})")
-            self.skipped += 1
-            return existing
-        # The planner's peak from the baseline's profile, in predictions.jsonl before the run starts: no prediction
-        # has seen its measurement.
-        base, prediction = self.baseline(rec.get_path(spec.resolved, "model.model_name")), None
-        if base is not None:
-            prediction = {"run": spec.name, "kind": spec.kind, "repeat": spec.repeat, "config_hash": spec.config_hash,
-                          "from_run_id": base.get("run_id"), "created_at": rec.now_iso(),
-                          "predicted_mib": rec.to_jsonable(planner.predict_peak_mib(base, spec.resolved))}
-            rec.append_record(self.predictions_path, prediction, validate=False)
+            return self._skip(spec, existing, progress)
+        prediction = self._predict(spec)
         progress.set_description(spec.label)
-        run_dir = self.workdir / spec.folder
-        shutil.rmtree(run_dir, ignore_errors=True)  # a stale record of an interrupted attempt must not be read back
-        run_dir.mkdir(parents=True)
-        callbacks = p.patch_callbacks(spec.resolved["trainer"]["callbacks"], self.settings.warmup_steps,
-                                      p.rel(run_dir / "record.json"))
-        (run_dir / "callbacks.yaml").write_text(yaml.safe_dump({"trainer": {"callbacks": callbacks}}, sort_keys=False))
-        args = p.command(spec, run_dir)
-        run_id = f"{spec.name}-{spec.config_hash[:8]}-{spec.kind[0]}{spec.repeat}-{time.strftime('%Y%m%dT%H%M%SZ')}"
+        run_dir = self._prepare(spec)
+        args = command(spec, run_dir)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ")
+        run_id = f"{spec.name}-{spec.config_hash[:8]}-{spec.kind[0]}{spec.repeat}-{stamp}"
         # MODELWRIGHT_COMMAND: the command that reproduces the record is the study's, not the child's
-        env = dict(os.environ, MODELWRIGHT_RUN_ID=run_id, MODELWRIGHT_COMMAND=" ".join(self.cmd), PYTHONUNBUFFERED="1")
-        returncode, timed_out, seconds = run_child(args, run_dir / "output.log", env, self.run_timeout_s,
-                                                   lambda s: progress.set_postfix_str(fmt.duration(s)))
+        env = dict(os.environ, MODELWRIGHT_RUN_ID=run_id, MODELWRIGHT_COMMAND=" ".join(self.cmd),
+                   PYTHONUNBUFFERED="1")
+        child = ChildResult(*run_child(args, run_dir / "output.log", env, self.run_timeout_s,
+                                       lambda seconds: progress.set_postfix_str(fmt.duration(seconds))))
         output = (run_dir / "output.log").read_text(encoding="utf-8", errors="replace")
-        record = _read_json(run_dir / "record.json")
-        why = None
-        if timed_out:
-            why = ("failed", f"timed out after {fmt.duration(self.run_timeout_s)}")
-        elif record is None or (returncode != 0 and record.get("status") == "ok"):
-            why = diagnose(output, returncode)
-        elif rec.validate_record(record):
-            why = ("failed", f"invalid record: {rec.validate_record(record)[0]}")
-        if why:
-            record = failure_record(spec, *why, run_id, self.settings.accelerator, self.cmd)
-        record["error"] = scrub(record["error"]) if isinstance(record.get("error"), str) else record.get("error")
-        record["provenance"] = {**(record.get("provenance") or rec.provenance()), "command": " ".join(self.cmd)}
-        record["study"] = {"name": spec.name, "kind": spec.kind, "plan": self.plan.path, "index": spec.index,
-                           "repeat": spec.repeat, "repeats": self.settings.repeats if spec.kind == "run" else 1,
-                           "config_hash": spec.config_hash, "slug": self.settings.slug, "config_file": spec.config,
-                           "overrides": rec.to_jsonable(spec.overrides), "warmup_steps": self.settings.warmup_steps,
-                           "measured_steps": spec.measured_steps, "process_wall_s": seconds,
-                           "returncode": returncode, "command": "python " + " ".join(args), **spec.extra}
+        record = self._child_record(spec, run_dir, child, output, run_id)
+        record["study"] = self._study_facts(spec, args, child)
         if record["status"] != "ok":
-            record["study"]["output_tail"] = [scrub(x) for x in output.strip().splitlines()[-20:]]
+            tail = output.strip().splitlines()[-20:]
+            record["study"]["output_tail"] = [scrub(line) for line in tail]
         if prediction:
             record["prediction"] = prediction
-        rec.append_record(self.records_path, record)
+        append_record(self.records_path, record)
         self.done[(spec.kind, spec.config_hash, spec.repeat)] = record
         self.executed += 1
         self.failed += record["status"] != "ok"
         progress.update(1)
-        peak, step = (rec.get_path(record, k) for k in ("memory.peak_allocated_mib", "timing.step_time_median_ms"))
-        how = f"ok, peak {fmt.sig(peak)} MiB, step {fmt.sig(step)} ms" if record["status"] == "ok" else (
-            f"{record['status']}: {record.get('error')}")
-        say(f"{spec.label}: {how} in {fmt.duration(seconds)}")
+        _say_result(spec, record, child.seconds)
         return record
+
+
+def _say_result(spec: RunSpec, record: dict, seconds: float) -> None:
+    if record["status"] == "ok":
+        peak = get_path(record, "memory.peak_allocated_mib")
+        step = get_path(record, "timing.step_time_median_ms")
+        how = f"ok, peak {fmt.sig(peak)} MiB, step {fmt.sig(step)} ms"
+    else:
+        how = f"{record['status']}: {record.get('error')}"
+    say(f"{spec.label}: {how} in {fmt.duration(seconds)}")

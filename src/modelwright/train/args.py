@@ -1,19 +1,21 @@
-"""The ``model:``, ``data:`` and (for the Accelerate loop) ``trainer:`` sections of a config as plain dataclasses that
-check themselves; no Lightning.
+"""The ``model:``, ``data:`` and (for the Accelerate loop) ``trainer:`` sections of a config as plain
+dataclasses that check themselves; no Lightning.
 
-The Accelerate loop parses the sections with them; ImageClassifier and ImageDataModule keep the typed ``__init__``
-that is LightningCLI's schema and pass it through them, so a field added to one side alone fails every run at once.
+The Accelerate loop parses the sections with them; ImageClassifier and ImageDataModule keep the typed
+``__init__`` that is LightningCLI's schema and pass it through them, so a field added to one side alone fails
+every run at once.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Literal, TypeVar
 
 from modelwright.errors import require
+from modelwright.inputs import require_creatable_folder, require_file, require_folder
 from modelwright.precision import PRECISIONS, precision
 
-CIFAR10_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", "batches.meta")
+CIFAR10_FILES = (*(f"data_batch_{number}" for number in range(1, 6)), "test_batch", "batches.meta")
 
 
 @dataclass
@@ -38,7 +40,8 @@ class ModelArgs:
         require(self.lr > 0, f"model.lr: must be positive, got {self.lr}")
         require(self.weight_decay >= 0, f"model.weight_decay: must be >= 0, got {self.weight_decay}")
         require(0 <= self.momentum < 1, f"model.momentum: must be in [0, 1), got {self.momentum}")
-        require(0 <= self.label_smoothing < 1, f"model.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
+        require(0 <= self.label_smoothing < 1,
+                f"model.label_smoothing: must be in [0, 1), got {self.label_smoothing}")
 
 
 @dataclass
@@ -64,17 +67,35 @@ class DataArgs:
         require(self.noise >= 0, f"data.noise: must be >= 0, got {self.noise}")
         require(not self.persistent_workers or self.num_workers > 0,
                 "data.persistent_workers: needs data.num_workers > 0")
-        if self.dataset == "cifar10" and not self.download:  # CIFAR-10's python-format batches must be there
-            folder = Path(self.data_dir) / "cifar-10-batches-py"
-            missing = [name for name in CIFAR10_FILES if not (folder / name).is_file()]
-            require(not missing, f"data.data_dir: no CIFAR-10 files in {folder} (missing {', '.join(missing)}); "
-                    "set data.download: true or point data.data_dir at an extracted cifar-10-python.tar.gz")
+        if self.dataset == "cifar10":
+            self._check_cifar10()
+
+    def _check_cifar10(self) -> None:
+        """CIFAR-10's python-format batches are there, readable and whole (torchvision's MD5s), or may be
+        downloaded into a folder that exists or can be made."""
+        if self.download:
+            require_creatable_folder("data.data_dir", self.data_dir)
+            return
+        require_folder("data.data_dir", self.data_dir)
+        folder = Path(self.data_dir) / "cifar-10-batches-py"
+        missing = [name for name in CIFAR10_FILES if not (folder / name).is_file()]
+        require(not missing, f"data.data_dir: no CIFAR-10 files in {folder} (missing {', '.join(missing)}); "
+                "set data.download: true or point data.data_dir at an extracted cifar-10-python.tar.gz")
+        from torchvision.datasets import CIFAR10
+        from torchvision.datasets.utils import check_integrity
+
+        checksums = [*CIFAR10.train_list, *CIFAR10.test_list, [CIFAR10.meta["filename"], CIFAR10.meta["md5"]]]
+        for name, md5 in checksums:
+            path = require_file("data.data_dir", folder / name)
+            require(check_integrity(str(path), md5), f"data.data_dir: {path} is not CIFAR-10's (its MD5 "
+                    "differs: a corrupt or partial file); remove the folder and set data.download: true")
 
 
 @dataclass
 class TrainerArgs:
     """``trainer:``: the keys the loop applies; then Lightning's plumbing (devices: the launcher decides;
-    logger: only its ``init_args.name``; callbacks, plugins, checkpoints, progress bar), accepted and ignored."""
+    logger: only its ``init_args.name``; callbacks, plugins, checkpoints, progress bar), accepted and
+    ignored."""
 
     precision: str | int = "32-true"
     accumulate_grad_batches: int = 1
@@ -99,21 +120,29 @@ class TrainerArgs:
     num_sanity_val_steps: int | None = None
 
     def __post_init__(self) -> None:
-        mixed = [p.name for p in PRECISIONS.values() if p.accelerate is not None]
+        mixed = [entry.name for entry in PRECISIONS.values() if entry.accelerate is not None]
         require(precision(self.precision).accelerate is not None,
                 f"trainer.precision: {self.precision!r} is not run by the accelerate loop; "
                 f"valid here: {', '.join(mixed)}")
-        strategy = self.strategy if isinstance(self.strategy, str) else str(self.strategy.get("class_path"))
+        strategy = self.strategy
+        if not isinstance(strategy, str):
+            strategy = str(strategy.get("class_path"))
         require(strategy in ("auto", "ddp") or strategy.endswith(".DDPStrategy"),
-                f"trainer.strategy: {strategy} is not run by the accelerate loop (data parallel only); use main.py fit")
-        for key in ("accumulate_grad_batches", "check_val_every_n_epoch", "log_every_n_steps"):
-            require(getattr(self, key) >= 1, f"trainer.{key}: must be an integer >= 1, got {getattr(self, key)}")
-        require(self.max_epochs != -1 or self.max_steps != -1, "trainer.max_epochs: -1 with max_steps -1 never ends")
+                f"trainer.strategy: {strategy} is not run by the accelerate loop (data parallel only); "
+                "use main.py fit")
+        from modelwright.train.checks import check_trainer  # the checks main.py fit makes, one module below
+
+        check_trainer(asdict(self))
 
 
 def limited_batches(length: int, limit: int | float | None) -> int:
-    """The batches of a loader of ``length`` that Lightning's ``limit_*_batches`` (a count or a fraction) leaves."""
-    return length if limit is None else min(length, limit if isinstance(limit, int) else int(length * limit))
+    """The batches of a loader of ``length`` that Lightning's ``limit_*_batches`` (a count or a fraction)
+    leaves."""
+    if limit is None:
+        return length
+    if isinstance(limit, int):
+        return min(length, limit)
+    return min(length, int(length * limit))
 
 
 Args = TypeVar("Args", ModelArgs, DataArgs)
@@ -121,4 +150,4 @@ Args = TypeVar("Args", ModelArgs, DataArgs)
 
 def from_hparams(cls: type[Args], hparams: Mapping) -> Args:
     """``cls`` from a Lightning class's saved hyperparameters (LightningCLI adds keys of its own there)."""
-    return cls(**{f.name: hparams[f.name] for f in fields(cls)})
+    return cls(**{argument.name: hparams[argument.name] for argument in fields(cls)})

@@ -1,9 +1,11 @@
 """The command line: LightningCLI over :class:`ImageClassifier` and :class:`ImageDataModule`.
 
-To run: ``uv run main.py fit --config configs/amp.yaml`` (``configs/base.yaml`` is always loaded first). Added to a
-plain LightningCLI: ``--ckpt_path last`` resolution, a log line for a precision the Trainer changed (``16-mixed``
-runs as ``bf16-mixed`` on CPU), and the user's errors as one line on stderr with exit status 2
-(``MODELWRIGHT_DEBUG=1`` shows the traceback).
+To run: ``uv run main.py fit --config configs/amp.yaml`` (``configs/base.yaml`` is always loaded first).
+Added to a plain LightningCLI: every input checked before any work (modelwright.train.checks, .checkpoints),
+with Lightning's start-up lines held until then; ``--ckpt_path last`` resolution; a log line for a precision
+the Trainer changed (``16-mixed`` runs as ``bf16-mixed`` on CPU); the user's errors as one line on stderr with
+exit status 2 (``MODELWRIGHT_DEBUG=1`` shows the traceback). :func:`resolved_config` is the config a run would
+see, by the same parser, without running anything.
 """
 
 import argparse
@@ -13,159 +15,310 @@ import logging
 import os
 import re
 import sys
-import zipfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
+from torch.distributed import DistStoreError
 
 from modelwright import CONFIGS_DIR, resolve_config_args
 from modelwright.errors import ConfigError, one_line, require
+from modelwright.inputs import require_creatable_folder
+from modelwright.record import os_error
+from modelwright.train._internals import HeldLogs
+from modelwright.train.args import DataArgs, ModelArgs, from_hparams
+from modelwright.train.checkpoints import (
+    RunComplete,
+    check_architecture,
+    completed,
+    find_last_checkpoint,
+    read_checkpoint,
+    resume_differences,
+)
+from modelwright.train.checks import check_launch, check_run, check_trainer
 from modelwright.train.data import ImageDataModule
 from modelwright.train.module import ImageClassifier
 from modelwright.train.runtime import set_cpu_malloc
 
 BASE_CONFIG = CONFIGS_DIR / "base.yaml"
 log = logging.getLogger("modelwright")
-_say = rank_zero_only(log.warning)
+say = rank_zero_only(log.warning)
+
+#: Lightning's flag that refuses a callback of its kind in the list, and the kind (base.yaml lists some).
+_FLAGGED_CALLBACKS = (("enable_checkpointing", "ModelCheckpoint"), ("enable_progress_bar", "ProgressBar"),
+                      ("enable_model_summary", "ModelSummary"))
 
 
-def find_last_checkpoint(log_root: Path) -> Path | None:
-    """The newest loadable ``last*.ckpt`` of the latest run (the highest ``version_N``) under ``log_root``.
-
-    Never an older run's without saying so: when the latest run has none, the error names the newest older one.
-    ``None`` when no run has one: as with Lightning's ``ckpt_path="last"``, a relaunched job may start afresh.
-    """
-    runs = [p for p in log_root.glob("version_*") if p.is_dir() and p.name.removeprefix("version_").isdigit()]
-    runs.sort(key=lambda p: int(p.name.removeprefix("version_")), reverse=True)
-    for run in runs:
-        found = sorted((c for c in run.glob("checkpoints/last*.ckpt") if _loadable(c)), key=lambda c: c.stat().st_mtime)
-        if found:
-            require(run == runs[0], f"ckpt_path: 'last', but the latest run {runs[0]} has no loadable checkpoint; the "
-                    f"newest older one is {found[-1]} (pass it as --ckpt_path to resume that run)")
-            return found[-1]
-    return None
-
-
-def _loadable(path: Path) -> bool:
-    """A checkpoint folder, or a file that is a whole zip archive (a write cut short or a full disk leaves one not)."""
-    try:
-        return path.is_dir() or (path.stat().st_size > 0 and zipfile.is_zipfile(path))
-    except OSError:
-        return False
-
-
-def _check_trainer(trainer) -> None:
-    """Refuse values Lightning's Trainer accepts but that break training (a negative clip flips the gradients)."""
-    for key, low in (("accumulate_grad_batches", 1), ("check_val_every_n_epoch", 1), ("log_every_n_steps", 1),
-                     ("gradient_clip_val", 0), ("min_epochs", 0)):
-        value = trainer.get(key)
-        require(value is None or value >= low, f"trainer.{key}: must be >= {low}, got {value}")
-    interval = trainer.get("val_check_interval")
-    positive = not isinstance(interval, (int, float)) or interval > 0  # also a time: "00:12:00:00", a dict
-    require(positive, f"trainer.val_check_interval: must be positive, got {interval}")
-    # Lightning refuses enable_checkpointing/enable_progress_bar/enable_model_summary: false beside a callback of
-    # that kind, with a traceback; base.yaml lists such callbacks, so the flag drops them instead.
+def _drop_flagged_callbacks(trainer) -> None:
+    """Lightning refuses ``enable_checkpointing: false`` (progress bar, model summary) beside a callback of
+    that kind, with a traceback; base.yaml lists such callbacks, so the flag drops them instead, and says
+    so."""
     callbacks = trainer.get("callbacks") or []
-    for flag, kind in (("enable_checkpointing", "ModelCheckpoint"), ("enable_progress_bar", "ProgressBar"),
-                       ("enable_model_summary", "ModelSummary")):
-        kept = [cb for cb in callbacks if not str(getattr(cb, "class_path", cb)).endswith(kind)]
-        if trainer.get(flag) is False and len(kept) != len(callbacks):
-            _say(f"trainer.{flag}: false; {len(callbacks) - len(kept)} {kind} callback(s) of the config dropped")
+    for flag, kind in _FLAGGED_CALLBACKS:
+        if trainer.get(flag) is not False:
+            continue
+        kept = [callback for callback in callbacks
+                if not str(getattr(callback, "class_path", callback)).endswith(kind)]
+        if len(kept) != len(callbacks):
+            dropped = len(callbacks) - len(kept)
+            say(f"trainer.{flag}: false; {dropped} {kind} callback(s) of the config dropped")
             callbacks = trainer["callbacks"] = kept
 
 
+def _logger_args(trainer) -> Any:
+    """The logger's ``init_args`` (``save_dir``, ``name``), or None without a configurable logger."""
+    logger = trainer.get("logger")
+    if not hasattr(logger, "get"):
+        return None
+    return logger.get("init_args")
+
+
+def _check_config(config) -> None:
+    """The parsed config, before anything is built: the trainer's values, the model's and data's (their
+    dataclasses check themselves), a multi-node launch, the log folder."""
+    trainer = config["trainer"]
+    check_trainer(trainer)
+    check_launch(trainer.get("num_nodes"))
+    from_hparams(ModelArgs, config["model"])
+    from_hparams(DataArgs, config["data"])
+    logger_args = _logger_args(trainer)
+    if logger_args is not None and logger_args.get("save_dir"):
+        require_creatable_folder("trainer.logger.init_args.save_dir", logger_args["save_dir"])
+
+
+def _resolve_last(config) -> str | None:
+    """``ckpt_path: last`` becomes the newest checkpoint of the latest run that wrote one, or None (a fresh
+    start) if no run has one; returns how the checkpoint was found, for the lines about it."""
+    logger_args = _logger_args(config["trainer"])
+    if logger_args is None:
+        return None
+    root = Path(logger_args["save_dir"]) / (logger_args.get("name") or "")
+    last = find_last_checkpoint(root)
+    config["ckpt_path"] = None if last.path is None else str(last.path)
+    if last.path is None:
+        say(f"ckpt_path: 'last', but no run under {root} has a checkpoint; starting from the beginning")
+        return None
+    found = f"'last' is {last.path}"
+    if last.skipped:
+        passed_over = ", ".join(run.name for run in last.skipped)
+        found += f" ({passed_over} of {root} wrote no checkpoint)"
+        say(f"ckpt_path: {found}; resuming it")
+    return found
+
+
+def _check_resume(parser, cli_config, config, found: str | None) -> None:
+    """The checkpoint to resume from (``found``: how ``last`` found it): a Lightning checkpoint of this
+    model, of a fit not yet complete under this run's limits (else :class:`RunComplete`), with the arguments
+    of its run except those that may change on resume (or ``--allow_resume_changes true``)."""
+    path = config["ckpt_path"]
+    named = found or path
+    checkpoint = read_checkpoint(path)
+    check_architecture(checkpoint, config["model"], path)
+    if cli_config["subcommand"] != "fit":  # validate, test: a finished fit's checkpoint is what they take
+        return
+    done = completed(checkpoint, config["trainer"])
+    if done:
+        raise RunComplete(f"ckpt_path: {named}, of a finished fit ({done}): nothing to resume; raise "
+                          "trainer.max_epochs or trainer.max_steps to train on")
+    if config.get("allow_resume_changes"):
+        return
+    resolved = yaml.safe_load(parser.dump(cli_config, skip_unset=False))[cli_config["subcommand"]]
+    differences = resume_differences(checkpoint, resolved, path)
+    require(not differences, f"ckpt_path: {named}, whose run had other arguments: {'; '.join(differences)}; "
+            "resume with the run's, or pass --allow_resume_changes true to resume with these")
+
+
+def _trainer_error(err: Exception) -> ConfigError:
+    """Lightning's refusal of a Trainer argument, named as ``trainer.<key>``: the argument its message
+    mentions first."""
+    text = " ".join(str(err).split())
+    names = [name for name in inspect.signature(Trainer.__init__).parameters if name != "self"]
+    mentioned = []
+    for name in names:
+        match = re.search(rf"\b{name}\b", text)
+        if match:
+            mentioned.append((match.start(), name))
+    if "FSDP" in text:
+        text += "; on a CPU, FSDP2 runs: configs/fsdp2.yaml"
+    if not mentioned:
+        return ConfigError(f"trainer: {text}")
+    return ConfigError(f"trainer.{min(mentioned)[1]}: {text}")
+
+
+def _cli_kwargs() -> dict:
+    """How the project builds its LightningCLI, for a run and for :func:`resolved_config` alike (fresh each
+    time: LightningCLI writes into its parser arguments)."""
+    # allow_abbrev: --trainer.max_epoch would be taken for --trainer.max_epochs, a typo accepted unseen
+    subcommand = {"default_config_files": [str(BASE_CONFIG)], "exit_on_error": False, "allow_abbrev": False}
+    return {
+        "model_class": ImageClassifier,
+        "datamodule_class": ImageDataModule,
+        "parser_kwargs": {"exit_on_error": False, "allow_abbrev": False, "fit": subcommand,
+                          "validate": subcommand, "test": subcommand},
+        "save_config_kwargs": {"overwrite": True},
+        "auto_configure_optimizers": False,  # the model builds its own: one way to choose an optimizer
+    }
+
+
 class ModelwrightCLI(LightningCLI):
-    """LightningCLI with the project's defaults, input checks, ``last`` resolution and precision report."""
+    """LightningCLI with the project's defaults, input checks, ``last`` resolution and precision report.
+    Lightning's start-up lines are held until the run is known to be valid (``startup_logs``)."""
+
+    def __init__(self, *args: Any, startup_logs: HeldLogs | None = None, **kwargs: Any) -> None:
+        self.startup_logs = startup_logs or HeldLogs()
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
             "--cpu_malloc", type=Literal["retain", "system"], default="retain",
-            help="glibc malloc: retain freed memory for the next step (fewer page faults) or leave it as it is.",
+            help="glibc malloc: retain freed memory for the next step (fewer page faults) or leave it as it "
+                 "is.",
+        )
+        # SUPPRESS: in a config only where given, so that the study's config hashes stay as they were
+        parser.add_argument(
+            "--allow_resume_changes", type=bool, default=argparse.SUPPRESS,
+            help="with --ckpt_path: resume although arguments other than those that may change on resume "
+                 "(modelwright.train.checkpoints.MAY_CHANGE_ON_RESUME) differ from the checkpoint's run.",
         )
 
     @property
     def run_config(self):
         """The subcommand's config (``fit``, ...), or the whole config with ``run=False``."""
-        sub = self.config.get("subcommand")
-        return self.config[sub] if sub else self.config
-
-    def before_instantiate_classes(self) -> None:  # not when parsing: --print_config changes nothing
-        set_cpu_malloc(self.run_config["cpu_malloc"])
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            return self.config[subcommand]
+        return self.config
 
     def parse_arguments(self, parser, args) -> None:
-        super().parse_arguments(parser, args)
-        cfg = self.run_config
-        _check_trainer(cfg["trainer"])
-        logger = cfg["trainer"].get("logger")
-        init_args = logger.get("init_args") if hasattr(logger, "get") else None
-        if init_args is not None and init_args.get("save_dir"):
-            save_dir = Path(init_args["save_dir"])
-            existing = next(p for p in (save_dir, *save_dir.parents) if p.exists())  # "." or "/" at the latest
-            key = "trainer.logger.init_args.save_dir"
-            require(existing.is_dir(), f"{key}: cannot create {init_args['save_dir']}: {existing} is not a folder")
-            require(os.access(existing, os.W_OK | os.X_OK), f"{key}: cannot write in {existing}")
-        if cfg.get("ckpt_path") == "last" and init_args is not None:
-            root = Path(init_args["save_dir"]) / (init_args.get("name") or "")
-            found = find_last_checkpoint(root)
-            if found is None:
-                _say(f"ckpt_path: 'last', but no run under {root} has a checkpoint; starting from the beginning")
-            cfg["ckpt_path"] = None if found is None else str(found)
-        if ckpt := cfg.get("ckpt_path"):
-            require(Path(ckpt).exists(), f"ckpt_path: no checkpoint at {ckpt}")
-            require(_loadable(Path(ckpt)), f"ckpt_path: {ckpt} is not a PyTorch checkpoint (truncated or corrupted?)")
+        self.startup_logs.hold()
+        # LightningCLI's own, less its warning that ``args`` were given beside a non-empty ``sys.argv``: the
+        # project always gives them (cli_main takes them from sys.argv).
+        self.config = parser.parse_args(args)
+        config = self.run_config
+        _check_config(config)
+        found = None
+        if config.get("ckpt_path") == "last":
+            found = _resolve_last(config)
+        if config.get("ckpt_path"):
+            _check_resume(parser, self.config, config, found)
+        self.model_as_given = config["model"].clone()
+
+    def before_instantiate_classes(self) -> None:  # not when parsing: --print_config changes nothing
+        config = self.run_config
+        # LightningCLI has put the checkpoint's model arguments over the config's: equal, unless
+        # --allow_resume_changes let them differ, and then the config's are the ones asked for.
+        config["model"] = self.model_as_given
+        set_cpu_malloc(config["cpu_malloc"])
+        _drop_flagged_callbacks(config["trainer"])
 
     def instantiate_trainer(self, **kwargs):
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError, TypeError) as err:
-            # Named as ``trainer.<key>``: the Trainer argument Lightning's message mentions first.
-            text = " ".join(str(err).split())
-            names = [n for n in inspect.signature(Trainer.__init__).parameters if n != "self"]
-            found = [(m.start(), n) for n in names if (m := re.search(rf"\b{n}\b", text))]
-            if "FSDP" in text:
-                text += "; on a CPU, FSDP2 runs: configs/fsdp2.yaml"
-            raise ConfigError(f"trainer.{min(found)[1]}: {text}" if found else f"trainer: {text}") from None
+            raise _trainer_error(err) from None
 
     def after_instantiate_classes(self) -> None:
-        requested, actual = str(self.run_config["trainer"].get("precision")), str(self.trainer.precision)
+        config = self.run_config
+        # Now that the Trainer knows how many processes there are: a run that would train nothing.
+        if self.subcommand in (None, "fit"):
+            check_run(config["trainer"], self.datamodule.args, self.trainer.world_size, loop="lightning")
+        requested = str(config["trainer"].get("precision"))
+        actual = str(self.trainer.precision)
         if requested != actual:
-            _say(f"precision: requested {requested}, running {actual} on {type(self.trainer.accelerator).__name__}; "
-                 f"the run is recorded as {actual}")
+            accelerator = type(self.trainer.accelerator).__name__
+            say(f"precision: requested {requested}, running {actual} on {accelerator}; the run is recorded "
+                f"as {actual}")
+        self.startup_logs.release()
+
+
+class _Parsed(Exception):
+    """How :class:`_ParseOnly` stops LightningCLI once the config is parsed (it carries the config)."""
+
+    def __init__(self, config: dict) -> None:
+        super().__init__("parsed")
+        self.config = config
+
+
+class _ParseOnly(ModelwrightCLI):
+    """ModelwrightCLI that stops once the arguments are parsed and checked: nothing seeded, built or run."""
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        dumped = yaml.safe_load(parser.dump(self.config, skip_unset=False))
+        raise _Parsed(dumped[self.config["subcommand"]])
+
+
+def resolved_config(args: list[str]) -> dict:
+    """The config ``main.py ARGS`` would run (what ``--print_config`` shows), parsed and checked by the
+    project's LightningCLI in this process; a refusal is its one-line :class:`ConfigError`."""
+    startup_logs = HeldLogs()
+    try:
+        with startup_logs.dropped_unless_released():
+            _ParseOnly(**_cli_kwargs(), args=resolve_config_args(args), startup_logs=startup_logs)
+    except _Parsed as parsed:
+        return parsed.config
+    except argparse.ArgumentError as err:
+        raise ConfigError(one_line(err)) from None
+    raise AssertionError("_ParseOnly returned without a config")
+
+
+def _generic_optimizer_flag(argv: list[str]) -> None:
+    """Lightning's --optimizer/--lr_scheduler would replace the model's own optimizer and schedule."""
+    flags = [arg.split("=", 1)[0] for arg in argv]
+    generic = [flag for flag in flags if flag in ("--optimizer", "--lr_scheduler")]
+    if generic:
+        raise ConfigError(f"{generic[0][2:]}: not used here; choose the optimizer with --model.optimizer "
+                          "(sgd, adamw) and --model.optimizer_impl, the schedule with --model.scheduler "
+                          "(none, cosine, onecycle)")
+
+
+def _message(err: Exception) -> str:
+    """The one line for a user's error, or a run's known end."""
+    if isinstance(err, DistStoreError):  # peers that never came: the strategy's timeout ran out
+        return (f"trainer.num_nodes: the job's processes did not all meet in time ({one_line(err)}); the "
+                "wait is trainer.strategy's timeout (Lightning's default 30 min, configs/ddp.yaml 10 min)")
+    cause = os_error(err)
+    if cause is not None and not isinstance(err, OSError):  # a full disk, wrapped by its writer
+        return one_line(cause)
+    return one_line(err)
+
+
+def _exit_status(err: Exception) -> int | None:
+    """The exit status of an error that is the user's to fix (2) or a run's known end (1: diverged, a full
+    disk), said in one line; None for a bug, which keeps its traceback."""
+    if isinstance(err, (ConfigError, argparse.ArgumentError)):
+        return 2
+    # FloatingPointError: callbacks.fault_tolerance.NonFiniteLossError, the run diverged; DistStoreError: the
+    # other processes never came. A full disk or quota: the run's record says so too, where it could be
+    # written.
+    if isinstance(err, (FloatingPointError, DistStoreError)):
+        return 1
+    cause = os_error(err)
+    if cause is not None and cause.errno in (errno.ENOSPC, errno.EDQUOT):
+        return 1
+    return None
 
 
 def cli_main(args: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit status (0, 2 for a configuration error, 1 for a diverged run or a full disk)."""
+    """Run the CLI; returns the exit status (0, 2 for a configuration error, 1 for a diverged run or a
+    full disk)."""
+    argv = sys.argv[1:] if args is None else list(args)
+    startup_logs = HeldLogs()
     try:
-        argv = sys.argv[1:] if args is None else list(args)
-        # Lightning's --optimizer/--lr_scheduler would replace the model's own optimizer and schedule.
-        generic = [flag for flag in (a.split("=", 1)[0] for a in argv) if flag in ("--optimizer", "--lr_scheduler")]
-        if generic:
-            raise ConfigError(f"{generic[0][2:]}: not used here; choose the optimizer with --model.optimizer (sgd, "
-                              "adamw) and --model.optimizer_impl, the schedule with --model.scheduler (none, cosine, "
-                              "onecycle)")
-        argv = resolve_config_args(argv)
-        if args is None:  # LightningCLI warns when given args beside a non-empty sys.argv
-            sys.argv[1:], argv = argv, None
-        subcommand = {"default_config_files": [str(BASE_CONFIG)], "exit_on_error": False}
-        ModelwrightCLI(
-            ImageClassifier,
-            ImageDataModule,
-            parser_kwargs={"exit_on_error": False, "fit": subcommand, "validate": subcommand, "test": subcommand},
-            save_config_kwargs={"overwrite": True},
-            auto_configure_optimizers=False,  # the model builds its own: one way to choose an optimizer
-            args=argv,
-        )
-    # FloatingPointError: callbacks.fault_tolerance.NonFiniteLossError, the run diverged. A full disk or quota: the
-    # run's record says so too, where it could be written.
-    except (ConfigError, argparse.ArgumentError, FloatingPointError, OSError) as err:
-        if os.environ.get("MODELWRIGHT_DEBUG") == "1" or (
-            isinstance(err, OSError) and err.errno not in (errno.ENOSPC, errno.EDQUOT)
-        ):
+        with startup_logs.dropped_unless_released():  # a refused run prints none of Lightning's start-up
+            _generic_optimizer_flag(argv)
+            ModelwrightCLI(**_cli_kwargs(), args=resolve_config_args(argv), startup_logs=startup_logs)
+    except RunComplete as complete:  # a requeued job of a finished run: done, no new version
+        print(complete, file=sys.stderr)
+        return 0
+    except Exception as err:
+        status = _exit_status(err)
+        if status is None or os.environ.get("MODELWRIGHT_DEBUG") == "1":
             raise
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return 2 if isinstance(err, (ConfigError, argparse.ArgumentError)) else 1
+        print(f"error: {_message(err)}", file=sys.stderr)
+        return status
     return 0

@@ -1,8 +1,9 @@
-"""The LightningDataModule over :mod:`modelwright.train.datasets` (synthetic or CIFAR-10), resumable mid-epoch."""
+"""The LightningDataModule over :mod:`modelwright.train.datasets` (synthetic or CIFAR-10), resumable
+mid-epoch."""
 
 from typing import Literal
 
-import lightning.pytorch as pl
+from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from modelwright.train.args import DataArgs, from_hparams
@@ -10,7 +11,7 @@ from modelwright.train.datasets import image_datasets, image_loader
 from modelwright.train.resume import ResumableDataLoader, ResumableRandomSampler
 
 
-class ImageDataModule(pl.LightningDataModule):
+class ImageDataModule(LightningDataModule):
     """CIFAR-shaped 3×32×32 images with 10 classes.
 
     Args:
@@ -20,7 +21,8 @@ class ImageDataModule(pl.LightningDataModule):
         batch_size: micro-batch size per device and step.
         num_workers: DataLoader worker processes.
         persistent_workers: keep workers alive between epochs (needs ``num_workers > 0``).
-        train_size: training samples (synthetic: generated; cifar10: the first ``train_size``, capped at 50,000).
+        train_size: training samples (synthetic: generated; cifar10: the first ``train_size``, capped at
+            50,000).
         val_size: validation samples (synthetic: generated; cifar10: the first ``val_size`` test images).
         augment: CIFAR-10 only: random crop with 4-pixel padding and horizontal flip.
         noise: synthetic only: standard deviation of the noise over the unit-variance class prototypes.
@@ -56,7 +58,8 @@ class ImageDataModule(pl.LightningDataModule):
             self.train_set, self.val_set = image_datasets(self.args)
 
     def train_dataloader(self) -> DataLoader:
-        # Resumes mid-epoch (modelwright.train.resume) once, where load_state_dict says; RandomSampler's shuffle.
+        # Resumes mid-epoch (modelwright.train.resume) once, where load_state_dict says; RandomSampler's
+        # shuffle.
         return image_loader(self.train_set, self.args, train=True, cls=ResumableDataLoader,
                             sampler=ResumableRandomSampler(self.train_set),
                             resume=lambda: vars(self).pop("_resume", None))
@@ -65,7 +68,9 @@ class ImageDataModule(pl.LightningDataModule):
     # (modelwright.train.resume says why).
     def state_dict(self) -> dict:
         loader = getattr(self.trainer, "train_dataloader", None)
-        return {"train_loader": loader.state_dict()} if isinstance(loader, ResumableDataLoader) else {}
+        if not isinstance(loader, ResumableDataLoader):
+            return {}
+        return {"train_loader": loader.state_dict()}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._resume = state_dict.get("train_loader")

@@ -1,8 +1,8 @@
 """Plain ``nn.Module`` networks for 32×32 images, built by name, and their checkpoint segments.
 
-Granularities: ``stage`` (layers sharing a resolution: resnet18's ``layer1``..``layer4``) and ``block`` (the
-residual / conv / transformer blocks inside). A segment's ``forward`` is replaced on the instance, so parameter
-names and ``state_dict`` keys stay the same.
+Granularities: ``stage`` (layers sharing a resolution: resnet18's ``layer1``..``layer4``) and ``block``
+(the residual / conv / transformer blocks inside). A segment's ``forward`` is replaced on the instance, so
+parameter names and ``state_dict`` keys stay the same.
 """
 
 from contextlib import contextmanager, nullcontext
@@ -30,7 +30,10 @@ class ConvBlock(nn.Sequential):
 
     def __init__(self, c_in: int, c_out: int, pool: bool) -> None:
         conv = nn.Conv2d(c_in, c_out, kernel_size=3, padding=1, bias=False)
-        super().__init__(conv, nn.BatchNorm2d(c_out), nn.ReLU(inplace=True), *([nn.MaxPool2d(2)] if pool else []))
+        layers = [conv, nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+        if pool:
+            layers.append(nn.MaxPool2d(2))
+        super().__init__(*layers)
 
 
 class SmallCNN(nn.Module):
@@ -38,10 +41,12 @@ class SmallCNN(nn.Module):
 
     def __init__(self, num_classes: int = 10, width: int = 32) -> None:
         super().__init__()
-        self.stages = nn.Sequential(*(  # each stage: a conv at its width c, then one to 2c and a pool
-            nn.Sequential(ConvBlock(c_in, c, pool=False), ConvBlock(c, 2 * c, pool=True))
-            for c_in, c in ((3, width), (2 * width, 2 * width), (4 * width, 4 * width))
-        ))
+        stages = []
+        for c_in, c_stage in ((3, width), (2 * width, 2 * width), (4 * width, 4 * width)):
+            # a conv at the stage's width, then one to twice that and a pool
+            stages.append(nn.Sequential(ConvBlock(c_in, c_stage, pool=False),
+                                        ConvBlock(c_stage, 2 * c_stage, pool=True)))
+        self.stages = nn.Sequential(*stages)
         self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8 * width, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -49,10 +54,11 @@ class SmallCNN(nn.Module):
 
 
 def small_vit(num_classes: int = 10) -> VisionTransformer:
-    """torchvision's VisionTransformer for 32×32 inputs: patch 4 (64 tokens), 6 blocks, width 192; its attention
-    (``nn.MultiheadAttention`` with ``need_weights=False``) runs through ``F.scaled_dot_product_attention``."""
-    return VisionTransformer(image_size=32, patch_size=4, num_layers=6, num_heads=6, hidden_dim=192, mlp_dim=768,
-                             num_classes=num_classes)
+    """torchvision's VisionTransformer for 32×32 inputs: patch 4 (64 tokens), 6 blocks, width 192; its
+    attention (``nn.MultiheadAttention`` with ``need_weights=False``) runs through
+    ``F.scaled_dot_product_attention``."""
+    return VisionTransformer(image_size=32, patch_size=4, num_layers=6, num_heads=6, hidden_dim=192,
+                             mlp_dim=768, num_classes=num_classes)
 
 
 BUILDERS = {"resnet18": resnet18_cifar, "smallcnn": SmallCNN, "vit": small_vit}
@@ -72,12 +78,13 @@ def checkpoint_segments(model: nn.Module, granularity: str) -> list[nn.Module]:
     if isinstance(model, VisionTransformer):
         segments = {"block": list(model.encoder.layers)}
     elif isinstance(model, SmallCNN):
-        segments = {"stage": list(model.stages), "block": [b for s in model.stages for b in s]}
+        blocks = [block for stage in model.stages for block in stage]
+        segments = {"stage": list(model.stages), "block": blocks}
     else:  # torchvision's ResNet
         stages = [model.layer1, model.layer2, model.layer3, model.layer4]
-        segments = {"stage": stages, "block": [b for s in stages for b in s]}
-    require(granularity in segments, f"model.gradient_checkpointing: {type(model).__name__} has no {granularity!r} "
-            f"segments; valid: off, {', '.join(segments)}")
+        segments = {"stage": stages, "block": [block for stage in stages for block in stage]}
+    require(granularity in segments, f"model.gradient_checkpointing: {type(model).__name__} has no "
+            f"{granularity!r} segments; valid: off, {', '.join(segments)}")
     return segments[granularity]
 
 
@@ -86,18 +93,20 @@ def _batchnorm_stats_frozen(module: nn.Module):
     """Keep BatchNorm running statistics as they are while a segment is recomputed.
 
     Without this, every checkpointed BatchNorm would fold the same batch into its running statistics twice
-    (once in forward, once in the recomputation), and evaluation would differ from a run without checkpointing.
+    (once in forward, once in the recomputation), and evaluation would differ from a run without
+    checkpointing.
     """
-    norms = [m for m in module.modules() if isinstance(m, _BatchNorm) and m.training and m.track_running_stats]
-    saved = [(m.momentum, m.num_batches_tracked.clone()) for m in norms]
-    for m in norms:
-        m.momentum = 0.0
+    norms = [norm for norm in module.modules()
+             if isinstance(norm, _BatchNorm) and norm.training and norm.track_running_stats]
+    saved = [(norm.momentum, norm.num_batches_tracked.clone()) for norm in norms]
+    for norm in norms:
+        norm.momentum = 0.0
     try:
         yield
     finally:
-        for m, (momentum, tracked) in zip(norms, saved, strict=True):
-            m.momentum = momentum
-            m.num_batches_tracked.copy_(tracked)
+        for norm, (momentum, tracked) in zip(norms, saved, strict=True):
+            norm.momentum = momentum
+            norm.num_batches_tracked.copy_(tracked)
 
 
 class _CheckpointedForward:
@@ -114,7 +123,8 @@ class _CheckpointedForward:
 
 
 def apply_gradient_checkpointing(model: nn.Module, granularity: str) -> list[nn.Module]:
-    """Recompute ``granularity``'s segments of ``model`` in backward (``use_reentrant=False``); returns them."""
+    """Recompute ``granularity``'s segments of ``model`` in backward (``use_reentrant=False``); returns
+    them."""
     segments = checkpoint_segments(model, granularity)
     for module in segments:
         if not isinstance(module.forward, _CheckpointedForward):
@@ -124,4 +134,5 @@ def apply_gradient_checkpointing(model: nn.Module, granularity: str) -> list[nn.
 
 def checkpointed_modules(model: nn.Module) -> list[nn.Module]:
     """The modules of ``model`` that :func:`apply_gradient_checkpointing` wrapped, in module order."""
-    return [m for m in model.modules() if isinstance(m.__dict__.get("forward"), _CheckpointedForward)]
+    return [module for module in model.modules()
+            if isinstance(module.__dict__.get("forward"), _CheckpointedForward)]

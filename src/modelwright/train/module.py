@@ -3,11 +3,11 @@ each technique one typed argument and so one line of YAML under ``model:``."""
 
 from typing import Literal
 
-import lightning.pytorch as pl
 import torch
-import torch.nn.functional as F
+from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
+from torch.nn import functional
 from torchmetrics.classification import MulticlassAccuracy
 
 from modelwright.train.args import ModelArgs, from_hparams
@@ -17,7 +17,7 @@ from modelwright.train.optim import build_optimizer, build_scheduler
 __all__ = ["ImageClassifier", "build_optimizer", "build_scheduler"]
 
 
-class ImageClassifier(pl.LightningModule):
+class ImageClassifier(LightningModule):
     """Classifies 3×32×32 images with a network chosen by name.
 
     Args:
@@ -67,13 +67,14 @@ class ImageClassifier(pl.LightningModule):
         self._configured = True
         apply_gradient_checkpointing(self.net, self.hparams.gradient_checkpointing)
         if self.hparams.channels_last and self.device_mesh is not None:
-            # fully_shard refuses non-contiguous parameters (NHWC conv weights): under FSDP2 the run is NCHW, and
-            # the record says so (techniques.channels_last false).
+            # fully_shard refuses non-contiguous parameters (NHWC conv weights): under FSDP2 the run is NCHW,
+            # and the record says so (techniques.channels_last false).
             rank_zero_warn("model.channels_last: FSDP2 shards contiguous parameters only; this run uses NCHW")
             self.hparams.channels_last = False
         if self.hparams.channels_last:
             self.net.to(memory_format=torch.channels_last)
-        if self.device_mesh is not None:  # ModelParallelStrategy: FSDP2 over the data-parallel mesh, per block
+        # ModelParallelStrategy: FSDP2 over the data-parallel mesh, per block
+        if self.device_mesh is not None:
             from torch.distributed.fsdp import fully_shard
 
             for part in [*checkpoint_segments(self.net, "block"), self.net]:
@@ -88,7 +89,8 @@ class ImageClassifier(pl.LightningModule):
 
     def _shared_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self(batch[0])
-        return F.cross_entropy(logits, batch[1], label_smoothing=self.hparams.label_smoothing), logits
+        loss = functional.cross_entropy(logits, batch[1], label_smoothing=self.hparams.label_smoothing)
+        return loss, logits
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, logits = self._shared_step(batch)
@@ -106,13 +108,18 @@ class ImageClassifier(pl.LightningModule):
     def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None) -> None:
         super().optimizer_step(epoch, batch_idx, optimizer, optimizer_closure)
         # Free the gradients now, as a raw loop does: Lightning zeroes them only after the next forward, which
-        # keeps 4 bytes per parameter alive through that forward's activation peak. Lightning calls this once per
-        # optimizer step, after the last micro-batch, so accumulation is untouched.
+        # keeps 4 bytes per parameter alive through that forward's activation peak. Lightning calls this once
+        # per optimizer step, after the last micro-batch, so accumulation is untouched.
         optimizer.zero_grad(set_to_none=True)
 
     def configure_optimizers(self):
-        hp = self.hparams
-        opt = build_optimizer([p for p in self.parameters() if p.requires_grad], optimizer=hp.optimizer, lr=hp.lr,
-                              momentum=hp.momentum, weight_decay=hp.weight_decay, optimizer_impl=hp.optimizer_impl)
-        sched = build_scheduler(opt, hp.scheduler, lr=hp.lr, total_steps=int(self.trainer.estimated_stepping_batches))
-        return opt if sched is None else {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        hparams = self.hparams
+        trained = [param for param in self.parameters() if param.requires_grad]
+        optimizer = build_optimizer(trained, optimizer=hparams.optimizer, lr=hparams.lr,
+                                    momentum=hparams.momentum, weight_decay=hparams.weight_decay,
+                                    optimizer_impl=hparams.optimizer_impl)
+        total_steps = int(self.trainer.estimated_stepping_batches)
+        scheduler = build_scheduler(optimizer, hparams.scheduler, lr=hparams.lr, total_steps=total_steps)
+        if scheduler is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

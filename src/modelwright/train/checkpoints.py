@@ -1,0 +1,176 @@
+"""The checkpoints a run resumes from: ``--ckpt_path last`` resolved to the latest run's newest one; a
+checkpoint checked to be a whole Lightning checkpoint of this model before anything loads it; a finished fit
+told apart; and the arguments a resumed run may change (:data:`MAY_CHANGE_ON_RESUME`), all others compared
+with the checkpoint's run."""
+
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from modelwright.errors import ConfigError, require
+from modelwright.train._internals import SHARDED_METADATA_FILE, fit_progress, own_hyperparameters
+
+#: The model arguments that fix the network's shapes: a checkpoint with others cannot be loaded at all.
+ARCHITECTURE_KEYS = ("model_name", "num_classes")
+
+
+def runs(log_root: Path) -> list[Path]:
+    """The ``version_N`` folders under ``log_root``, the highest N first."""
+    found = [path for path in log_root.glob("version_*")
+             if path.is_dir() and path.name.removeprefix("version_").isdigit()]
+    found.sort(key=lambda path: int(path.name.removeprefix("version_")), reverse=True)
+    return found
+
+
+def loadable(path: Path) -> bool:
+    """A checkpoint folder, or a file that is a whole zip archive (a write cut short or a full disk leaves one
+    not)."""
+    try:
+        return path.is_dir() or (path.stat().st_size > 0 and zipfile.is_zipfile(path))
+    except OSError:
+        return False
+
+
+class LastCheckpoint(NamedTuple):
+    """What ``--ckpt_path last`` takes: the newest loadable checkpoint of the latest run that has one (None:
+    no run has one), and the later runs passed over because they have none."""
+
+    path: Path | None
+    skipped: list[Path]
+
+
+def find_last_checkpoint(log_root: Path) -> LastCheckpoint:
+    """The newest loadable ``last*.ckpt`` of the latest run (the highest ``version_N``) under ``log_root``
+    that wrote one. A later run that never wrote one (killed before its first, or refused) does not block a
+    requeued job: it is passed over, and named. ``path`` is None when no run has one: as with Lightning's
+    ``ckpt_path="last"``, the job starts afresh."""
+    skipped = []
+    for run in runs(log_root):
+        candidates = [path for path in run.glob("checkpoints/last*.ckpt") if loadable(path)]
+        if candidates:
+            return LastCheckpoint(max(candidates, key=lambda path: path.stat().st_mtime), skipped)
+        skipped.append(run)
+    return LastCheckpoint(None, skipped)
+
+
+def _load(path: Path) -> Any:
+    """What ``torch.load`` reads from ``path`` (memory-mapped: the tensors stay on disk), or a ConfigError."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # a zip of something else, a pickle torch will not read: the user's file
+        reason = " ".join(str(err).split())[:200]
+        message = f"ckpt_path: {path} is not a PyTorch checkpoint ({type(err).__name__}: {reason})"
+        raise ConfigError(message) from None
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The checkpoint at ``path`` without loading its tensors, once it is known to be a whole, readable
+    Lightning checkpoint (a file, or a sharded checkpoint's folder); else a ConfigError naming the path."""
+    path = Path(path)
+    require(path.exists(), f"ckpt_path: no checkpoint at {path}")
+    if path.is_dir():
+        metadata = path / SHARDED_METADATA_FILE
+        require(metadata.is_file(), f"ckpt_path: {path} is a folder but no sharded Lightning checkpoint (no "
+                f"{SHARDED_METADATA_FILE} in it)")
+        path = metadata
+    require(loadable(path), f"ckpt_path: {path} is not a PyTorch checkpoint (truncated or corrupted?)")
+    checkpoint = _load(path)
+    lightning = isinstance(checkpoint, Mapping) and "pytorch-lightning_version" in checkpoint
+    require(lightning, f"ckpt_path: {path} is a PyTorch file but not a Lightning checkpoint (a plain "
+            "state_dict?); resume from a run's checkpoints/last*.ckpt")
+    return dict(checkpoint)
+
+
+def check_architecture(checkpoint: Mapping, model: Mapping, path: str | Path) -> None:
+    """The checkpoint holds this project's network with the shapes the config asks for, by name."""
+    saved = own_hyperparameters(checkpoint.get("hyper_parameters"))
+    require("model_name" in saved, f"ckpt_path: {path} is not a checkpoint of this project's ImageClassifier "
+            "(no model_name among its hyperparameters)")
+    name = saved["model_name"]
+    require(name == model["model_name"], f"ckpt_path: {path} holds {name} weights, but model.model_name is "
+            f"{model['model_name']!r}: they cannot load into it")
+    for key in ARCHITECTURE_KEYS:
+        require(saved.get(key) == model[key], f"ckpt_path: {path} holds {name} weights with {key} "
+                f"{saved.get(key)!r}, but model.{key} is {model[key]!r}: they cannot load into it")
+
+
+class RunComplete(Exception):
+    """The fit a checkpoint was saved in is complete under this run's limits: nothing to resume (exit 0)."""
+
+
+def completed(checkpoint: Mapping, trainer: Mapping) -> str | None:
+    """How far past this run's ``max_epochs`` or ``max_steps`` the checkpoint's fit got, if it did (then
+    resuming trains nothing); None if it is short of both. As Lightning, an unset ``max_epochs`` is 1000 when
+    ``max_steps`` is -1 and there is no ``max_time``."""
+    epochs, steps = fit_progress(checkpoint)
+    max_steps = trainer.get("max_steps", -1)
+    max_epochs = trainer.get("max_epochs")
+    if max_epochs is None:
+        unlimited = max_steps == -1 and trainer.get("max_time") is None
+        max_epochs = 1000 if unlimited else -1
+    if max_steps != -1 and steps >= max_steps:
+        return f"step {steps} of trainer.max_steps {max_steps}"
+    if max_epochs != -1 and epochs >= max_epochs:
+        return f"epoch {epochs} of trainer.max_epochs {max_epochs}, step {steps}"
+    return None
+
+
+#: The arguments a resumed run may change from the checkpoint's run: how long to train; what is validated,
+#: logged and checkpointed, and where; and the process (a new seed per launch: the checkpoint restores the
+#: RNG states and the samplers' seeds; malloc; loader workers; where the data lives). Any other difference
+#: changes what is computed, and is refused unless ``--allow_resume_changes true`` is given.
+MAY_CHANGE_ON_RESUME = (
+    "trainer.max_epochs", "trainer.max_steps", "trainer.min_epochs", "trainer.min_steps", "trainer.max_time",
+    "trainer.val_check_interval", "trainer.check_val_every_n_epoch", "trainer.limit_val_batches",
+    "trainer.num_sanity_val_steps", "trainer.log_every_n_steps", "trainer.logger", "trainer.callbacks",
+    "trainer.plugins", "trainer.enable_checkpointing", "trainer.enable_progress_bar",
+    "trainer.enable_model_summary", "trainer.default_root_dir", "trainer.profiler",
+    "seed_everything", "cpu_malloc", "ckpt_path", "allow_resume_changes",
+    "data.num_workers", "data.persistent_workers", "data.data_dir", "data.download",
+)
+
+
+def _flat(config: Mapping) -> dict[str, Any]:
+    """``config``'s top-level values and its sections' keys as ``section.key``; a key's value whole."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping) and key in ("trainer", "model", "data"):
+            flat.update({f"{key}.{name}": item for name, item in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def _runs_config(path: Path) -> dict:
+    """The resolved config LightningCLI saved beside the checkpoint's run (``version_N/config.yaml``), or
+    an empty one for a checkpoint kept elsewhere."""
+    import yaml
+
+    saved = path.parent.parent / "config.yaml"
+    if not saved.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(saved.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def resume_differences(checkpoint: Mapping, config: Mapping, path: str | Path) -> list[str]:
+    """Each argument of ``config`` (the run about to resume, resolved) that differs from the checkpoint's
+    run and may not change on resume, as ``key: before -> now``. The model's and data's come from the
+    checkpoint's hyperparameters, the rest from the run's saved config, where there is one."""
+    before = _flat(_runs_config(Path(path)))
+    for section, saved in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
+        hyperparameters = own_hyperparameters(checkpoint.get(saved))
+        before.update({f"{section}.{key}": value for key, value in hyperparameters.items()})
+    now = _flat(config)
+    differences = []
+    for key in sorted(before.keys() & now.keys()):
+        may_change = any(key == allowed or key.startswith(f"{allowed}.") for allowed in MAY_CHANGE_ON_RESUME)
+        if not may_change and before[key] != now[key]:
+            differences.append(f"{key}: {before[key]!r} -> {now[key]!r}")
+    return differences

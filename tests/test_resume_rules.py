@@ -1,0 +1,189 @@
+"""Stopping, resuming and requeueing as people do (issue #25): ``--ckpt_path last`` after a finished run or
+past a run that never wrote a checkpoint, resuming with changed arguments, a full disk (as torch really
+reports it, and on a real small filesystem), and DDP's sampler seed on resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler, TensorDataset
+
+from conftest import fit_args
+from modelwright import record
+from modelwright.train.cli import cli_main
+from modelwright.train.resume import ResumableDataLoader
+
+SMALL = ["--model.model_name", "smallcnn", "--model.scheduler", "none"]  # 4 steps an epoch (32 samples, 8)
+
+
+def _versions(log_dir: Path) -> list[str]:
+    return sorted(path.name for path in log_dir.glob("base/version_*"))
+
+
+def _checkpoint(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def test_last_after_a_finished_run_is_complete_and_passes_over_a_run_without_checkpoint(tmp_path, capfd,
+                                                                                          caplog):
+    """Before: a finished run resumed with `last` made an empty version_1 and said `ok`; a second `last`
+    then exited 2 because that version had no checkpoint."""
+    one_epoch = fit_args(tmp_path, *SMALL, "--trainer.max_epochs", "1")
+    assert cli_main(one_epoch) == 0
+    capfd.readouterr()
+    for _ in range(2):  # a requeued job, twice
+        assert cli_main([*one_epoch, "--ckpt_path", "last"]) == 0
+        lines = capfd.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "of a finished fit (epoch 1 of trainer.max_epochs 1, step 4)" in lines[0]
+        assert _versions(tmp_path) == ["version_0"], "a finished run resumed makes no version"
+    (tmp_path / "base" / "version_1").mkdir()  # a run killed before its first checkpoint
+    assert cli_main([*one_epoch, "--ckpt_path", "last"]) == 0
+    line = capfd.readouterr().err.strip()
+    assert "version_0/checkpoints/last.ckpt (version_1 of " in line and "wrote no checkpoint)" in line
+    with caplog.at_level("WARNING", logger="modelwright"):
+        assert cli_main([*one_epoch, "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0
+    assert "(version_1 of" in caplog.text and "wrote no checkpoint); resuming it" in caplog.text
+    assert _versions(tmp_path) == ["version_0", "version_1", "version_2"]
+    resumed = _checkpoint(tmp_path / "base" / "version_2" / "checkpoints" / "last.ckpt")
+    assert resumed["global_step"] == 8, "resumed version_0's 4 steps and trained epoch 1"
+
+
+def test_resume_refuses_changed_arguments_naming_each_unless_allowed(tmp_path, capfd):
+    """Before: LightningCLI silently put the checkpoint's model arguments over the new ones (lr 0.002, not
+    0.1) and took the new batch size; a smallcnn checkpoint resumed as `resnet18` trained a smallcnn."""
+    one_epoch = fit_args(tmp_path, *SMALL, "--trainer.max_epochs", "1")
+    assert cli_main(one_epoch) == 0
+    capfd.readouterr()
+    changed = [*one_epoch, "--ckpt_path", "last", "--trainer.max_epochs", "2", "--model.lr", "0.1",
+               "--data.batch_size", "4"]
+    assert cli_main(changed) == 2
+    (line,) = capfd.readouterr().err.strip().splitlines()
+    assert "data.batch_size: 8 -> 4; model.lr: 0.002 -> 0.1;" in line
+    assert "--allow_resume_changes true" in line
+    assert "max_epochs" not in line, "how long to train may change on resume"
+    assert cli_main([*one_epoch, "--ckpt_path", "last", "--model.model_name", "resnet18"]) == 2
+    (line,) = capfd.readouterr().err.strip().splitlines()
+    assert "holds smallcnn weights, but model.model_name is 'resnet18'" in line
+    assert _versions(tmp_path) == ["version_0"], "a refused resume makes no version"
+    assert cli_main([*changed, "--allow_resume_changes", "true"]) == 0
+    resumed = _checkpoint(tmp_path / "base" / "version_1" / "checkpoints" / "last.ckpt")
+    assert resumed["hyper_parameters"]["lr"] == 0.1, "the given arguments, not the checkpoint's"
+    assert resumed["datamodule_hyper_parameters"]["batch_size"] == 4
+
+
+class _FullDisk:
+    """A file that takes ``room`` bytes, then fails as a full disk does (ENOSPC)."""
+
+    def __init__(self, file, room: int) -> None:
+        self._file = file
+        self._room = room
+
+    def write(self, data) -> int:
+        if len(data) > self._room:
+            raise OSError(28, os.strerror(28))
+        self._room -= len(data)
+        return self._file.write(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
+
+
+#: 24 steps: base.yaml's step checkpoint at step 16 (last-step.ckpt), then last.ckpt at the end.
+TWO_CHECKPOINTS = [*SMALL, "--data.train_size", "64", "--trainer.max_epochs", "3"]
+
+
+def _check_full_disk_run(log_dir: Path, status: int, stderr: str) -> None:
+    """One line naming the checkpoint and ENOSPC, status 1, the previous checkpoint whole, a failed
+    record."""
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert status == 1 and "Traceback" not in stderr, stderr[-3000:]
+    assert len(errors) == 1 and errors[0].startswith("error: [Errno 28] No space left on device: "), errors
+    assert errors[0].endswith("/last.ckpt'"), errors
+    folder = log_dir / "base" / "version_0" / "checkpoints"
+    assert sorted(path.name for path in folder.iterdir()) == ["last-step.ckpt"], "no temporary file left"
+    assert _checkpoint(folder / "last-step.ckpt")["global_step"] == 16, "step 16's checkpoint is whole"
+    run = json.loads((log_dir / "base" / "version_0" / "record.json").read_text())
+    assert run["status"] == "failed" and "No space left on device" in run["error"]
+
+
+def test_a_full_disk_as_torch_reports_it_is_one_line(tmp_path, capfd, monkeypatch):
+    """torch.save on a full disk raises `RuntimeError: [enforce fail at inline_container.cc:...] . unexpected
+    pos ...`, ENOSPC only in its context. Before: cli_main caught OSError alone, and the run ended in two
+    tracebacks."""
+    opened = []
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, *args, **kwargs):
+        file = real_fdopen(fd, *args, **kwargs)
+        if ".ckpt." not in os.readlink(f"/proc/self/fd/{fd}"):
+            return file
+        opened.append(fd)
+        return file if len(opened) == 1 else _FullDisk(file, room=4096)  # the second checkpoint fills it
+
+    monkeypatch.setattr(record.os, "fdopen", fdopen)
+    status = cli_main(fit_args(tmp_path, *TWO_CHECKPOINTS))
+    _check_full_disk_run(tmp_path, status, capfd.readouterr().err)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 10 MiB tmpfs: room for one smallcnn checkpoint (7 MB), not for the next beside it."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=10m", "tmpfs", str(mount_point)], check=True,
+                       capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as err:
+        pytest.skip(f"cannot mount a tmpfs here ({type(err).__name__}; CI runs as root)")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=False, capture_output=True, timeout=30)
+
+
+def test_a_real_full_disk_is_one_line_and_keeps_the_previous_checkpoint(small_filesystem, capfd):
+    """Before: 87 lines of two tracebacks."""
+    status = cli_main(fit_args(small_filesystem, *TWO_CHECKPOINTS))
+    _check_full_disk_run(small_filesystem, status, capfd.readouterr().err)
+
+
+def _loader(seed: int, rank: int) -> ResumableDataLoader:
+    """Rank ``rank``'s loader of two, as Lightning builds it under DDP: a DistributedSampler seeded by the
+    process's PL_GLOBAL_SEED."""
+    data = TensorDataset(torch.arange(32))
+    sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=seed)
+    return ResumableDataLoader(data, batch_size=4, sampler=sampler, drop_last=True)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_ddp_resume_under_another_seed_keeps_the_interrupted_runs_order(rank):
+    """Before: the resumed process's DistributedSampler drew its permutation from the new seed, so the rest
+    of the epoch and every later epoch differed from the uninterrupted run's."""
+    whole = _loader(seed=0, rank=rank)
+    epochs = []
+    for epoch in (0, 1):
+        whole.sampler.set_epoch(epoch)
+        epochs.append([batch[0].tolist() for batch in whole])
+    interrupted = _loader(seed=0, rank=rank)
+    interrupted.sampler.set_epoch(0)
+    batches = iter(interrupted)
+    seen = [next(batches)[0].tolist(), next(batches)[0].tolist()]
+    state = interrupted.state_dict()
+    resumed = _loader(seed=7, rank=rank)  # seed_everything: true gave this launch another seed
+    resumed.sampler.set_epoch(0)
+    resumed.load_state_dict(state)
+    rest = [batch[0].tolist() for batch in resumed]
+    assert seen + rest == epochs[0]
+    resumed.sampler.set_epoch(1)
+    assert [batch[0].tolist() for batch in resumed] == epochs[1]
