@@ -72,6 +72,8 @@ class Hardware:
     device_memory_mib: float | None = _field("The GPU's memory, or the machine's RAM on a CPU run.", "MiB")
     cpu_model: str | None = _field("CPU model name (/proc/cpuinfo).")
     cpu_cores: int | None = _field("Logical CPUs of the machine.")
+    vector_isa: str | None = _field("The CPU's widest vector instruction set: avx512, avx2, neon, asimd.",
+                                    optional=True)
     num_devices: int | None = _field("Devices this run used per node.")
 
 

@@ -35,6 +35,17 @@ def cpuinfo() -> dict[str, str]:
     return {k.strip(): v.strip() for k, sep, v in (line.partition(":") for line in first.splitlines()) if sep}
 
 
+#: The vector instruction sets a CPU is told apart by, widest first (``/proc/cpuinfo`` flag names).
+VECTOR_ISAS = ("avx512", "avx2", "neon", "asimd")
+
+
+def vector_isa(flags: str | None = None) -> str | None:
+    """The widest vector instruction set of :data:`VECTOR_ISAS` in a ``/proc/cpuinfo`` flags line (default:
+    this machine's), or None. One model name ("AMD EPYC") covers machines with and without AVX-512."""
+    found = set((cpuinfo().get("flags", "") if flags is None else flags).split())
+    return next((isa for isa in VECTOR_ISAS if isa in found or f"{isa}f" in found), None)
+
+
 def cpu_model() -> str:
     return cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown"
 
@@ -60,6 +71,7 @@ def hardware_info(device: torch.device | str | None = None, num_devices: int | N
         "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "cpu_cores_available": available_cpus(),
+        "vector_isa": vector_isa(),
         "num_devices": num_devices if num_devices is not None else 1,
         "host_memory_mib": host,
     }

@@ -10,6 +10,7 @@ Version 2 writes each storage as ``{"owner", "bytes", "kind", "dtype"}`` (versio
 
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,94 +19,147 @@ from torch import nn
 from modelwright.measure.memtracker import backward_peak, by_category
 
 #: Modules whose ops autocast runs in 16 bits, so a weight they save becomes a 16-bit copy.
-AUTOCAST_16BIT = ("Conv1d", "Conv2d", "Conv3d", "Linear", "NonDynamicallyQuantizableLinear", "MultiheadAttention")
+AUTOCAST_16BIT = ("Conv1d", "Conv2d", "Conv3d", "Linear", "NonDynamicallyQuantizableLinear",
+                  "MultiheadAttention")
+
+
+@dataclass
+class _SegmentInput:
+    storage: int | None  # the storage's pointer
+    nbytes: int
+    kind: str
 
 
 def _kind(t: torch.Tensor, batch: int) -> str:
+    """``batch`` for a tensor whose first dimension is the batch's (a multiple of it), else ``fixed``."""
     return "batch" if t.dim() >= 2 and t.shape[0] % batch == 0 else "fixed"
+
+
+def _is_leaf(module: nn.Module) -> bool:
+    return not any(True for _ in module.children())
+
+
+class _SavedTensors:
+    """Forward hooks and a saved-tensors hook that charge each storage autograd saves to the module that
+    saved it first (the innermost module running), and note the input of each checkpoint segment."""
+
+    def __init__(self, model: nn.Module, batch_size: int, inputs: Sequence[torch.Tensor],
+                 segments: dict[str, list[nn.Module]]) -> None:
+        self.batch_size = batch_size
+        self.segments = segments
+        self.names = {module: name for name, module in model.named_modules()}
+        self.segment_of = {granularity: {sub: index for index, segment in enumerate(modules)
+                                         for sub in segment.modules()}
+                           for granularity, modules in segments.items()}
+        self.parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.inputs = {t.untyped_storage().data_ptr() for t in inputs}
+        self.units: list[dict[str, Any]] = []
+        self.unit_of: dict[nn.Module | None, int] = {}
+        self.running: list[nn.Module] = []  # the modules whose forward is running, outermost first
+        self.storages: dict[Any, dict[str, Any]] = {}  # storage key -> {"owner", "bytes", "kind", "dtype"}
+        self.segment_inputs: dict[str, dict[int, _SegmentInput]] = {g: {} for g in segments}
+
+    def unit(self, module: nn.Module | None) -> int:
+        """The index of ``module``'s unit (``None``: the loss, outside every module), made on first sight."""
+        if module not in self.unit_of:
+            self.unit_of[module] = len(self.units)
+            self.units.append({
+                "name": self.names.get(module, "<loss>"),
+                "type": type(module).__name__ if module is not None else "",
+                "segments": {g: self.segment_of[g].get(module) for g in self.segments},
+                "width": getattr(module, "out_channels", None) or getattr(module, "in_features", None),
+            })
+        return self.unit_of[module]
+
+    def before_forward(self, module: nn.Module, args: Any) -> None:
+        self.running.append(module)
+        if _is_leaf(module):
+            self.unit(module)
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        for granularity, modules in self.segments.items():
+            if first is None or module not in modules:
+                continue
+            index = modules.index(module)
+            if index not in self.segment_inputs[granularity]:
+                storage = first.untyped_storage()
+                kind = "input" if storage.data_ptr() in self.inputs else _kind(first, self.batch_size)
+                noted = _SegmentInput(storage.data_ptr(), storage.nbytes(), kind)
+                self.segment_inputs[granularity][index] = noted
+
+    def after_forward(self, *_: Any) -> None:  # returning the module would replace the output
+        self.running.pop()
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        owner = self.unit(self.running[-1] if self.running else None)
+        if key in self.parameters:
+            kind = "param"
+        elif key in self.inputs:
+            kind = "input"
+        else:
+            kind = _kind(t, self.batch_size)
+        if kind == "param" and self.units[owner]["type"] in AUTOCAST_16BIT:
+            kind = "cast"
+            key = (key, owner)  # each module that saves a weight casts its own copy
+        first_seen = key not in self.storages
+        if first_seen or (isinstance(key, int) and owner < self.storages[key]["owner"]):
+            self.storages[key] = {"owner": owner, "bytes": storage.nbytes(), "kind": kind,
+                                  "dtype": str(t.dtype).removeprefix("torch.")}
+        return t
+
+    def segments_json(self) -> dict[str, list[dict[str, Any]]]:
+        out = {}
+        for granularity, modules in self.segments.items():
+            out[granularity] = []
+            for index, segment in enumerate(modules):
+                first = self.segment_inputs[granularity].get(index, _SegmentInput(None, 0, "batch"))
+                out[granularity].append({
+                    "input_bytes": first.nbytes, "input_kind": first.kind,
+                    "input_owner": self.storages.get(first.storage, {}).get("owner"),
+                    "param_bytes": sum(p.numel() * p.element_size() for p in segment.parameters())})
+        return out
 
 
 def profile_step(model: nn.Module, step: Callable[[], Any], batch_size: int,
                  optimizers: Sequence[torch.optim.Optimizer] = (), inputs: Sequence[torch.Tensor] = (),
                  segments: Mapping[str, Sequence[nn.Module]] | None = None) -> dict[str, Any]:
-    """Run ``step`` (forward, backward and update of ``batch_size`` samples on ``inputs``) once, after a
-    warm-up step, and return its JSON-ready profile in bytes; ``segments``: checkpoint segments by
-    granularity."""
+    """Run ``step`` (forward, backward and update of ``batch_size`` samples on ``inputs``) once, the caller
+    having run one before (the optimizer state exists), and return its JSON-ready profile in bytes;
+    ``segments``: the checkpoint segments by granularity."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    names = {m: n for n, m in model.named_modules()}
-    segments = {g: list(mods) for g, mods in (segments or {}).items()}
-    if any("forward" in m.__dict__ for m in model.modules()):
+    if any("forward" in module.__dict__ for module in model.modules()):
         raise ValueError("profile_step: profile the model without gradient checkpointing")
-    seg_of = {g: {sub: i for i, seg in enumerate(mods) for sub in seg.modules()} for g, mods in segments.items()}
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    outside = {t.untyped_storage().data_ptr() for t in inputs}
-    units: list[dict[str, Any]] = []
-    unit_of: dict[nn.Module, int] = {}
-    stack: list[nn.Module] = []
-    storages: dict[Any, dict[str, Any]] = {}  # storage pointer -> {"owner": unit, "bytes", "kind", "dtype"}
-    seg_inputs: dict[str, dict[int, list]] = {g: {} for g in segments}  # granularity -> segment -> its input
-
-    def unit(mod: nn.Module | None) -> int:
-        if mod not in unit_of:
-            unit_of[mod] = len(units)
-            units.append({
-                "name": names.get(mod, "<loss>"),
-                "type": type(mod).__name__ if mod is not None else "",
-                "segments": {g: seg_of[g].get(mod) for g in segments},
-                "width": getattr(mod, "out_channels", None) or getattr(mod, "in_features", None),
-            })
-        return unit_of[mod]
-
-    def pre(mod: nn.Module, args: Any) -> None:
-        stack.append(mod)
-        if not any(True for _ in mod.children()):
-            unit(mod)
-        for g, mods in segments.items():
-            if mod in mods and args and isinstance(args[0], torch.Tensor) and mods.index(mod) not in seg_inputs[g]:
-                st = args[0].untyped_storage()
-                kind = "input" if st.data_ptr() in outside else _kind(args[0], batch_size)
-                seg_inputs[g][mods.index(mod)] = [st.data_ptr(), st.nbytes(), kind]
-
-    def post(*_: Any) -> None:  # a forward hook that returned the module would replace the output
-        stack.pop()
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        key = st.data_ptr()
-        owner = unit(stack[-1] if stack else None)
-        kind = "param" if key in params else "input" if key in outside else _kind(t, batch_size)
-        if kind == "param" and units[owner]["type"] in AUTOCAST_16BIT:
-            kind, key = "cast", (key, owner)  # each module that saves a weight casts its own copy
-        if key not in storages or (isinstance(key, int) and owner < storages[key]["owner"]):
-            storages[key] = {"owner": owner, "bytes": st.nbytes(), "kind": kind,
-                             "dtype": str(t.dtype).removeprefix("torch.")}
-        return t
-
-    hooks = [h for m in model.modules() for h in (m.register_forward_pre_hook(pre), m.register_forward_hook(post))]
+    by_granularity = {granularity: list(modules) for granularity, modules in (segments or {}).items()}
+    saved = _SavedTensors(model, batch_size, inputs, by_granularity)
+    hooks = []
+    for module in model.modules():
+        hooks.append(module.register_forward_pre_hook(saved.before_forward))
+        hooks.append(module.register_forward_hook(saved.after_forward))
     tracker = MemTracker()
     tracker.track_external(model, *optimizers)
     try:
-        with warnings.catch_warnings(), tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        packing = torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)
+        with warnings.catch_warnings(), tracker, packing:
             warnings.filterwarnings("ignore", message="The module hierarchy tracking maybe be messed up")
             step()
     finally:
-        for h in hooks:
-            h.remove()
+        for hook in hooks:
+            hook.remove()
     device = next(model.parameters()).device
-    for module, index in unit_of.items():
-        leaf = module is not None and not any(True for _ in module.children())
-        at_peak = backward_peak(tracker, module, device) if leaf else None
+    for module, index in saved.unit_of.items():
+        if module is None or not _is_leaf(module):
+            continue
+        at_peak = backward_peak(tracker, module, device)
         if at_peak is not None:
-            units[index]["backward"] = {k: at_peak[k] for k in ("gradients", "activations", "temporaries")}
+            kept = ("gradients", "activations", "temporaries")
+            saved.units[index]["backward"] = {key: at_peak[key] for key in kept}
     peak = by_category(tracker.get_tracker_snapshot("peak"), device)
     return {
-        "version": 2, "batch_size": batch_size, "units": units, "storages": list(storages.values()),
-        "segments": {g: [{"input_bytes": inp[1], "input_kind": inp[2],
-                          "input_owner": storages.get(inp[0], {}).get("owner"),
-                          "param_bytes": sum(p.numel() * p.element_size() for p in seg.parameters())}
-                         for i, seg in enumerate(mods) for inp in [seg_inputs[g].get(i, [None, 0, "batch"])]]
-                     for g, mods in segments.items()},
+        "version": 2, "batch_size": batch_size, "units": saved.units,
+        "storages": list(saved.storages.values()),
+        "segments": saved.segments_json(),
         "parameters": sum(p.numel() for p in model.parameters()),
         "largest_param_bytes": max(p.numel() * p.element_size() for p in model.parameters()),
         "peak_bytes": {k: v for k, v in peak.items() if k not in ("comm_buffers", "inputs", "other")},

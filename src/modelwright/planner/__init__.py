@@ -13,7 +13,7 @@ from pathlib import Path
 from jsonargparse.typing import ClosedUnitInterval, PositiveFloat, PositiveInt
 
 from modelwright.errors import ConfigError, require
-from modelwright.planner.advisor import advise, options, recommend, shardings, slowdowns, vector_isa
+from modelwright.planner.advisor import advise, options, recommend, shardings, slowdowns
 from modelwright.planner.peak import largest_batch, predict_peak_mib
 from modelwright.planner.prices import DEFAULT_PRICES
 from modelwright.planner.scale import Assumptions, markdown_tables, predict_step, spec_from_record
@@ -84,9 +84,9 @@ def with_profile_shape(record: Mapping, source: Path) -> Mapping:
 def this_machine() -> dict:
     """This machine's ``hardware`` section, as a run here would record it, with its vector instruction set."""
     # Here, not at the top: torch loads only when the advisor compares machines.
-    from modelwright.measure.facts import cpuinfo, hardware_info
+    from modelwright.measure.facts import hardware_info
 
-    return {**hardware_info(), "vector_isa": vector_isa(flags=cpuinfo().get("flags"))}
+    return hardware_info()
 
 
 def profile_for(record: Mapping, source: Path) -> Mapping:

@@ -93,8 +93,9 @@ def step_times(records: Sequence[Mapping], check_records: Sequence[Mapping] = ()
             repeats = "1 repeat" if figures.repeats == 1 else f"{figures.repeats} repeats"
             found[technique] = Slowdown(figures.step_ms / base_ms, f"{run}, {repeats}")
     record = baseline.records[0]
-    slug_isa = vector_isa(get_path(record, "study.slug") or "")
-    hardware = {**(record.get("hardware") or {}), "vector_isa": slug_isa}
+    hardware = dict(record.get("hardware") or {})
+    if not hardware.get("vector_isa"):  # a record made before hardware named it: its folder does
+        hardware["vector_isa"] = slug_vector_isa(get_path(record, "study.slug") or "")
     return StepTimes(found, base_ms, baseline.band, hardware)
 
 
@@ -231,20 +232,16 @@ def machine_text(hardware: Mapping) -> str:
     return f"{hardware.get('num_devices') or 1} × {hardware.get('device_name') or '?'}"
 
 
-#: The vector instruction sets a results folder's name tells apart, best first (as the study names it: one
-#: CPU model name covers machines with and without AVX-512).
+#: The vector instruction sets a results folder's name tells apart, widest first: ``measure.facts``'s, which
+#: names the folders (not imported: it brings torch).
 VECTOR_ISAS = ("avx512", "avx2", "neon", "asimd")
 MACHINE_KEYS = {"accelerator": "kind of device", "cpu_model": "CPU model", "cpu_cores": "core count",
                 "vector_isa": "vector instruction set", "device_name": "GPU"}
 
 
-def vector_isa(slug: str | None = None, flags: str | None = None) -> str | None:
-    """The vector instruction set a results slug (``cpu-amd-epyc-avx2-2cores``) names, or the best one a
-    ``/proc/cpuinfo`` flags line has."""
-    if slug is not None:
-        return next((isa for isa in VECTOR_ISAS if f"-{isa}-" in slug), None)
-    found = set((flags or "").split())
-    return next((isa for isa in VECTOR_ISAS if isa in found or f"{isa}f" in found), None)
+def slug_vector_isa(slug: str) -> str | None:
+    """The vector instruction set a results slug names (``cpu-amd-epyc-avx2-2cores``: avx2), or None."""
+    return next((isa for isa in VECTOR_ISAS if f"-{isa}-" in slug), None)
 
 
 def machine_warning(measured_on: Mapping, this_machine: Mapping) -> str | None:

@@ -41,7 +41,6 @@ from modelwright.study.runner import DONE_STATUSES, Progress, Study, say, study_
 __all__ = ["DONE_STATUSES", "hardware_slug", "patch_callbacks", "resolve_config", "study"]
 
 #: The vector instruction sets a CPU slug names, best first.
-_VECTOR_ISAS = ("avx512", "avx2", "neon", "asimd")
 
 
 def slugify(text: str) -> str:
@@ -64,11 +63,9 @@ def hardware_slug(accelerator: str = "auto") -> str:
         return slug
     if accelerator not in ("auto", "cpu"):
         return slugify(accelerator)
-    from modelwright.measure.facts import cpu_model, cpuinfo
+    from modelwright.measure.facts import cpu_model, vector_isa
 
-    flags = set(cpuinfo().get("flags", "").split())
-    isa = next((name for name in _VECTOR_ISAS if name in flags or f"{name}f" in flags), None)
-    parts = ["cpu", slugify(cpu_model()) or "unknown", isa, f"{os.cpu_count()}cores"]
+    parts = ["cpu", slugify(cpu_model()) or "unknown", vector_isa(), f"{os.cpu_count()}cores"]
     return "-".join(part for part in parts if part)
 
 
