@@ -53,7 +53,7 @@ tmp = Path(sys.argv[1])
 sys.argv = sys.argv[:1]
 for name in ("torch", "lightning", "jsonargparse", "accelerate", "tensorboard", "torchvision", "torchmetrics", "tqdm",
              "matplotlib", "yaml", "modelwright.train.cli", "modelwright.study", "modelwright.report",
-             "modelwright.loops.accelerate", "callbacks.run_record"):
+             "modelwright.loops.accelerate", "callbacks.run_monitor"):
     module = importlib.import_module(name)
     if name in ("torch", "lightning"):
         print(f"{name} {module.__version__}", end="; ")

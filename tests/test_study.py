@@ -310,7 +310,42 @@ def test_repeats_run_round_robin(tmp_path, capsys):
     err = capsys.readouterr().err
     order = [line.split("[")[0].strip() for line in err.splitlines() if " r0 [" in line or " r1 [" in line]
     assert order == ["baseline r0", "broken r0", "baseline r1", "broken r1"]
-    assert "4 runs (4 to run; 2 repeats, round-robin)" in err
+    assert "6 runs (6 to run): 4 of 1 warm-up + 1 anatomy + 2 measured steps (2 repeats, round-robin), " \
+        "then 2 whole epoch(s), one per run" in err
+    assert "baseline (one whole epoch) [" in err and "broken (one whole epoch) [" in err
+    assert "estimate: none: no record of these runs on " in err
+
+
+def test_an_epoch_run_is_one_whole_epoch_as_the_config_has_it():
+    entry = plan.Entry("accumulate", "configs/accumulate.yaml")
+    spec = plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3), kind="epoch")
+    trainer = spec.resolved["trainer"]
+    assert spec.kind == "epoch" and spec.label == "accumulate (one whole epoch)"
+    assert (trainer["max_epochs"], trainer["max_steps"], trainer["num_sanity_val_steps"]) == (1, -1, 0)
+    base = plan.resolve_config(["configs/accumulate.yaml"])["trainer"]
+    for key in ("limit_train_batches", "limit_val_batches", "val_check_interval", "accumulate_grad_batches"):
+        assert trainer.get(key) == base.get(key), f"the config's own {key}, not the study window's"
+    assert spec.resolved["data"]["train_size"] == plan.resolve_config(["configs/accumulate.yaml"])["data"]["train_size"]
+    monitor = next(c for c in trainer["callbacks"] if c["class_path"].endswith("RunMonitor"))
+    assert monitor["init_args"]["anatomy"] is False, "a memory capture would slow one of its steps"
+    timed = plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3))
+    assert spec.config_hash != timed.config_hash and spec.folder.endswith("-e0")
+
+
+def test_the_dry_run_estimates_from_the_records_of_the_same_runs(tmp_path, capsys):
+    _write(tmp_path / "plan.yaml", TINY_PLAN)
+    folder = tmp_path / "results" / SLUG
+    folder.mkdir(parents=True)
+    lines = []
+    for name, kind, seconds in (("baseline", "run", 40.0), ("baseline", "run", 60.0), ("broken", "run", 30.0),
+                                ("baseline", "epoch", 120.0)):
+        record = build_record(study={"name": name, "kind": kind, "process_wall_s": seconds})
+        lines.append(json.dumps(record))
+    (folder / "records.jsonl").write_text("\n".join(lines) + "\n")
+    assert cli.main(_args(tmp_path, "--dry_run", "true")) == 0
+    err = capsys.readouterr().err
+    # baseline r0 50 s (the median of 40 and 60), broken r0 30 s, the baseline epoch 120 s: 200 s in all
+    assert "estimate: about 3.33 min for the 4 runs to run" in err and "1 of them with no record to go by" in err
 
 
 def test_bf16_runs_only_on_a_cpu_with_bf16_instructions_unless_named(tmp_path, capsys, monkeypatch):
@@ -434,6 +469,12 @@ def test_tiny_study_records_every_run_and_goes_on_after_a_crash(tiny_study):
         assert (root / "results" / SLUG / name).stat().st_size > 0, name
     runs = [r for r in records if r["study"]["kind"] == "run"]
     assert [(r["study"]["name"], r["status"]) for r in runs] == [("baseline", "ok"), ("broken", "failed")]
+    epochs = [r for r in records if r["study"]["kind"] == "epoch"]
+    assert [(r["study"]["name"], r["status"]) for r in epochs] == [("baseline", "ok"), ("broken", "failed")]
+    epoch = epochs[0]["timing"]
+    assert epoch["epoch_steps"] == 4 and epoch["epoch_validations"] == 2, "32 samples in 8s; validated twice"
+    assert 0 < epoch["epoch_validation_s"] < epoch["epoch_time_s"]
+    assert epochs[0]["memory"]["anatomy_mib"] is None
     base, broken = runs
     assert base["timing"]["measured_steps"] == 2 and base["study"]["repeat"] == 0
     assert base["techniques"]["model_name"] == "smallcnn" and base["techniques"]["effective_batch_size"] == 8
@@ -464,7 +505,7 @@ def test_a_rerun_skips_what_is_recorded(tiny_study, capsys):
     records = tiny_study.records
     assert cli.main([*_args(root), "--report", "false"]) == 0
     err = capsys.readouterr().err
-    assert "(0 to run;" in err and err.count("skipped (recorded") == len(records)
+    assert "(0 to run)" in err and err.count("skipped (recorded") == len(records)
     assert len(read_records(root / "results" / SLUG / "records.jsonl")) == len(records)
     info = json.loads((root / "results" / SLUG / "study.json").read_text())
     assert info["runs_executed"] == 0 and info["runs_skipped"] == len(records)

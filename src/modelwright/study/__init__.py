@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,8 @@ from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
 from modelwright import fmt, repo_path
 from modelwright.errors import require
+from modelwright.fmt import finite
+from modelwright.record import read_records
 from modelwright.report import generate
 from modelwright.study.budget import budget_phase
 from modelwright.study.plan import (
@@ -106,6 +109,29 @@ def _say_dry_run(specs: Sequence[RunSpec], runner: Study, workdir: Path) -> None
         state = "recorded" if runner.recorded(spec) else "to run"
         args = command(spec, workdir / spec.folder)
         say(f"  {spec.label} [{spec.config_hash}] {state}: python {' '.join(args)}")
+    say(_estimate([spec for spec in specs if not runner.recorded(spec)], runner))
+
+
+def _estimate(to_run: Sequence[RunSpec], runner: Study) -> str:
+    """How long the runs still to run take, from this machine's records of the same runs (same name and kind,
+    any config): the median of their process times; the budget phase is left out."""
+    if not to_run:
+        return "estimate: nothing to run"
+    seconds: dict[tuple[str, str], list[float]] = {}
+    records = read_records(runner.records_path) if runner.records_path.is_file() else []
+    for record in records:
+        facts = record.get("study") or {}
+        wall = finite(facts.get("process_wall_s"))
+        if wall is not None:
+            seconds.setdefault((facts.get("name"), facts.get("kind", "run")), []).append(wall)
+    known = [statistics.median(seconds[key]) for spec in to_run if (key := (spec.name, spec.kind)) in seconds]
+    if not known:
+        return (f"estimate: none: no record of these runs on {runner.settings.slug} yet (the plan file says "
+                "roughly how long its runs take on the project's machines)")
+    unknown = len(to_run) - len(known)
+    missing = f"; {unknown} of them with no record to go by" if unknown else ""
+    return (f"estimate: about {fmt.duration(sum(known))} for the {len(to_run)} runs to run, from this "
+            f"machine's earlier records of the same runs{missing}; the budget phase comes on top")
 
 
 @contextmanager
@@ -131,7 +157,7 @@ class _Sweep:
     device: str
     runnable: list[Entry]
     elsewhere: list[Entry]
-    specs: list[RunSpec]
+    specs: list[RunSpec]  # the timed runs, repeats round-robin, then one whole epoch of each entry
     budget_gib: float | None
     budget_runs: list[str]
 
@@ -166,6 +192,8 @@ def _sweep(plan: Plan, arguments: dict[str, Any]) -> _Sweep:
     specs = [build_spec(entry, plan.entries.index(entry), settings, repeat)
              for repeat in range(settings.repeats) for entry in runnable]
     check_effective_batch(specs, runnable)
+    if arguments["epochs"]:
+        specs += [build_spec(entry, plan.entries.index(entry), settings, kind="epoch") for entry in runnable]
     budget_gib = None
     if arguments["budget"]:
         budget_gib = arguments["budget_gib"] or plan.budget_gib
@@ -179,9 +207,12 @@ def _announce(sweep: _Sweep, to_run: int, results_dir: Path) -> None:
     budget = ""
     if sweep.budget:
         budget = f"; budget {sweep.budget_gib:g} GiB for {', '.join(sweep.budget_runs)}"
-    say(f"study {sweep.plan.path} on {settings.slug}: {len(sweep.specs)} runs ({to_run} to run; "
-        f"{settings.repeats} repeats, round-robin), {settings.warmup_steps} warm-up + 1 anatomy + "
-        f"{settings.measured_steps} measured steps each{budget}\nresults: {rel(results_dir)}/")
+    epochs = sum(spec.kind == "epoch" for spec in sweep.specs)
+    timed = len(sweep.specs) - epochs
+    whole = f", then {epochs} whole epoch(s), one per run" if epochs else ""
+    say(f"study {sweep.plan.path} on {settings.slug}: {len(sweep.specs)} runs ({to_run} to run): {timed} of "
+        f"{settings.warmup_steps} warm-up + 1 anatomy + {settings.measured_steps} measured steps "
+        f"({settings.repeats} repeats, round-robin){whole}{budget}\nresults: {rel(results_dir)}/")
     _say_elsewhere(sweep.elsewhere, sweep.device)
 
 
@@ -220,7 +251,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
           slug: str | None = None, workdir: Path = Path("lightning_logs/study"),
           readme: Path | None = Path("README.md"), report: bool = True, allow_mixed: bool = False,
           rerun: bool = False, retry_failed: bool = False, run_timeout_s: PositiveFloat | None = None,
-          predict: bool = True, dry_run: bool = False) -> int:
+          predict: bool = True, epochs: bool = True, dry_run: bool = False) -> int:
     """Run a plan of experiment configs, each in a fresh process, then write the table, plots and README
     section. Returns 0, or 1 if every run it ran failed (a user error raises ConfigError: one line, exit
     status 2).
@@ -248,7 +279,8 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
         run_timeout_s: stop a run (and record it as failed) after this long.
         predict: profile one step of the baseline and write every run's predicted peak before it (the budget
             needs it).
-        dry_run: list the runs and their commands; run nothing.
+        epochs: also time one whole epoch of each run, as its config has it (time per epoch).
+        dry_run: list the runs, their commands and an estimate of the time they take; run nothing.
     """
     arguments = dict(locals())
     cmd = _command(arguments)

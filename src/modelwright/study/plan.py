@@ -200,13 +200,15 @@ def _callback_name(callback: Any) -> str:
     return str(callback or "")
 
 
-def patch_callbacks(callbacks: Any, warmup_steps: int, record_path: str | None = None) -> list[dict]:
+def patch_callbacks(callbacks: Any, warmup_steps: int, record_path: str | None = None,
+                    anatomy: bool = True) -> list[dict]:
     """The callbacks list of a study run: the measurement window set, no checkpoint files, the record path; a
-    ConfigError if it has no ``RunMonitor`` (the study could not read the run's result)."""
+    ConfigError if it has no ``RunMonitor`` (the study could not read the run's result). ``anatomy``: capture
+    one step's memory (an epoch run does not: the capture slows its step)."""
     names = [_callback_name(callback) for callback in callbacks] if isinstance(callbacks, list) else []
     require("RunMonitor" in names, "trainer.callbacks: the study needs callbacks.run_monitor.RunMonitor "
             "in the list (configs/base.yaml)")
-    window = {"RunMonitor": {"warmup_steps": warmup_steps, "measure_steps": None, "anatomy": True,
+    window = {"RunMonitor": {"warmup_steps": warmup_steps, "measure_steps": None, "anatomy": anatomy,
                              "anatomy_step": None, "record_path": record_path, "records_jsonl": None}}
     patched = []
     for callback in callbacks:
@@ -255,6 +257,8 @@ class RunSpec:
     def label(self) -> str:
         if self.kind == "run":
             return f"{self.name} r{self.repeat}"
+        if self.kind == "epoch":
+            return f"{self.name} (one whole epoch)"
         return f"{self.name} @ batch {get_path(self.resolved, 'data.batch_size')} ({self.extra.get('role')})"
 
 
@@ -292,7 +296,10 @@ def _first_overrides(entry: Entry, settings: Settings) -> dict[str, Any]:
 def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, kind: str = "run",
                batch_size: int | None = None, extra: Mapping[str, Any] | None = None) -> RunSpec:
     """The run of ``entry``: overrides in order (model, the command line's, the entry's, the study's window).
-    A budget run has a micro-batch of its own, no accumulation and no timed steps: only its peak matters."""
+    A budget run has a micro-batch of its own, no accumulation and no timed steps: only its peak matters. An
+    epoch run is one whole epoch as the config has it (:func:`build_epoch_spec`)."""
+    if kind == "epoch":
+        return build_epoch_spec(entry, index, settings)
     overrides = _first_overrides(entry, settings)
     measured = settings.measured_steps
     val_batches = settings.val_batches
@@ -319,6 +326,27 @@ def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, ki
                                                        settings.warmup_steps)
     return RunSpec(entry.name, kind, index, repeat, entry.config, overrides, resolved,
                    _config_hash(resolved, settings.slug), measured, dict(extra or {}))
+
+
+def build_epoch_spec(entry: Entry, index: int, settings: Settings) -> RunSpec:
+    """One whole training epoch of ``entry`` as its config has it (training set, validations, data loading),
+    timed end to end: no sanity check, no checkpoint files, no progress bar, and no memory capture (it would
+    slow one step). The epoch's own length and validations are the config's, not the study's window."""
+    overrides = _first_overrides(entry, settings)
+    overrides.update({
+        "trainer.max_epochs": 1, "trainer.max_steps": -1, "trainer.num_sanity_val_steps": 0,
+        "trainer.enable_checkpointing": False, "trainer.enable_progress_bar": False,
+        "trainer.enable_model_summary": False,
+    })
+    files = [entry.config] if entry.config else []
+    try:
+        resolved = resolve_config(files, overrides)
+    except ConfigError as err:
+        raise ConfigError(f"runs.{entry.name}: {err}") from None
+    resolved["trainer"]["callbacks"] = patch_callbacks(resolved["trainer"].get("callbacks"),
+                                                       settings.warmup_steps, anatomy=False)
+    return RunSpec(entry.name, "epoch", index, 0, entry.config, overrides, resolved,
+                   _config_hash(resolved, settings.slug), 0, {})
 
 
 def command(spec: RunSpec, run_dir: Path) -> list[str]:

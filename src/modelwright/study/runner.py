@@ -281,7 +281,9 @@ class Study:
 
     def _predict(self, spec: RunSpec) -> dict | None:
         """The planner's peak from the baseline's profile, in predictions.jsonl before the run starts: no
-        prediction has seen its measurement."""
+        prediction has seen its measurement. An epoch run captures no memory: nothing to predict."""
+        if spec.kind == "epoch":
+            return None
         base = self.baseline(get_path(spec.resolved, "model.model_name"))
         if base is None:
             return None
