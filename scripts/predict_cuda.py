@@ -73,8 +73,12 @@ def profile_source(path: Path) -> tuple[dict, dict]:
     """The profile record and where it came from: its file, run, hash and the commit that last changed it."""
     require(path.is_file(), f"--profile: no such file {str(path)!r}")
     text = path.read_bytes()
-    record = json.loads(text)
-    require("profile" in record, f"--profile: {str(path)!r} holds no 'profile' section")
+    try:
+        record = json.loads(text)
+    except ValueError as err:
+        raise ConfigError(f"--profile: {str(path)!r} is not JSON ({err})") from None
+    require(isinstance(record, dict) and "profile" in record,
+            f"--profile: {str(path)!r} holds no 'profile' section")
     relative = path.resolve().relative_to(REPO_ROOT).as_posix() if path.resolve().is_relative_to(REPO_ROOT) \
         else str(path)
     source = {"path": relative, "run_id": record.get("run_id"), "sha256": hashlib.sha256(text).hexdigest(),

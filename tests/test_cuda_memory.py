@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from datetime import datetime
 
 import pytest
 import torch
@@ -107,20 +108,40 @@ def test_the_h200_predictions_say_what_each_figure_rests_on_and_what_is_not_pred
     assert {row["run"] for row in predicted["not_predicted"]} >= {"ddp"}
 
 
+@pytest.mark.parametrize(("content", "message"), [(None, "no such file"), ("{not json", "is not JSON"),
+                                                   ("{}", "holds no 'profile' section")])
+def test_the_predictions_command_refuses_a_bad_profile_in_one_line(tmp_path, content, message):
+    profile = tmp_path / "profile.json"
+    if content is not None:
+        profile.write_text(content, encoding="utf-8")
+    proc = subprocess.run([sys.executable, "scripts/predict_cuda.py", "--profile", str(profile), "--out",
+                           str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "--profile" in proc.stderr and message in proc.stderr
+    assert not (tmp_path / "predicted-before-gpu.json").exists()
+
+
 def _git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
 
 
 def test_no_gpu_record_is_older_than_the_predictions():
-    """The predictions' commit must precede every GPU record: each record's commit descends from it."""
+    """Every GPU record was made after the predictions, and committed in a commit that descends from theirs (the
+    GPU machine's copy of the tree has no git history, so the records themselves may name no commit)."""
+    predicted, _ = _committed()
+    made = datetime.fromisoformat(predicted["predicted_by"]["created_at"])
+    record_files = sorted(REPO_ROOT.glob("results/cuda-*/**/records.jsonl"))
+    for records in record_files:
+        for line in records.read_text(encoding="utf-8").splitlines():
+            created = datetime.fromisoformat(json.loads(line)["created_at"])
+            assert created > made, f"{records}: a record of {created} is older than the predictions ({made})"
     added = _git("log", "--diff-filter=A", "--format=%H", "--", str(PREDICTIONS.relative_to(REPO_ROOT)))
     if added.returncode != 0 or not added.stdout.strip():
-        pytest.skip("no git history here (the predictions file is not committed in this checkout)")
+        pytest.skip("no git history here: the commits' order is not checked")
     first = added.stdout.split()[-1]
-    for records in REPO_ROOT.glob("results/cuda-*/**/records.jsonl"):
-        for line in records.read_text(encoding="utf-8").splitlines():
-            commit = (json.loads(line).get("provenance") or {}).get("commit")
-            assert commit, f"{records}: a record without a commit"
+    for records in record_files:
+        commits = _git("log", "--format=%H", "--", str(records.relative_to(REPO_ROOT))).stdout.split()
+        for commit in commits:
             assert _git("merge-base", "--is-ancestor", first, commit).returncode == 0, (records, commit)
 
 
