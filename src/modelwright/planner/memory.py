@@ -157,10 +157,13 @@ def step_setup(profile: StepProfile, config: Mapping) -> StepSetup:
     require(granularity == "off" or granularity in profile.segments,
             f"model.gradient_checkpointing: the profile has no {granularity!r} segments")
     batch = int(config_value(config, "data.batch_size", profile.batch_size))
+    optimizer_impl = str(config_value(config, "model.optimizer_impl", "auto"))
+    if optimizer_impl == "auto" and str(config_value(config, "trainer.accelerator", "")) in ("cuda", "gpu"):
+        optimizer_impl = "foreach"  # torch.optim's choice for CUDA parameters (_default_to_fused_or_foreach)
     return StepSetup(precision=precision, optimizer=optimizer, state=param_state_bytes(precision, optimizer),
                      accumulate=int(config_value(config, "trainer.accumulate_grad_batches", 1)),
                      granularity=granularity, strategy=strategy, ranks=ranks,
                      bucket_view=bool(init_args.get("gradient_as_bucket_view")),
                      batch_ratio=batch / profile.batch_size,
-                     optimizer_impl=str(config_value(config, "model.optimizer_impl", "auto")),
+                     optimizer_impl=optimizer_impl,
                      channels_last=bool(config_value(config, "model.channels_last", False)))
