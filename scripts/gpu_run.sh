@@ -135,6 +135,7 @@ mkdir -p "$RESULTS/$SLUG"
 LOG="$RESULTS/$SLUG/gpu-run.log"
 exec > >(tee -a "$LOG") 2>&1
 nvidia-smi > "$RESULTS/$SLUG/nvidia-smi.txt" 2>&1 || true
+export MODELWRIGHT_COMMIT="${GPU_RUN_COMMIT:-}"  # the records name the commit the copy was made from
 echo "gpu_run.sh on $SLUG at $(date -Iseconds), commit ${GPU_RUN_COMMIT:-unknown}, deadline ${DEADLINE_S}s"
 
 summary=()

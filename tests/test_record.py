@@ -220,3 +220,16 @@ def test_schema_document_is_generated_from_the_code():
     committed = (REPO / "docs" / "record-schema.md").read_text(encoding="utf-8")
     stale = "docs/record-schema.md is stale: run `uv run python -m modelwright.record`"
     assert committed == schema_markdown(), stale
+
+
+def test_a_copy_without_git_history_names_its_commit_from_the_environment(monkeypatch):
+    """The GPU machine gets a copy of the working tree without .git: its records name the commit it was made
+    from (scripts/gpu_run.sh exports it) instead of none."""
+    from modelwright import record as record_module
+
+    monkeypatch.setattr(record_module, "_git", lambda *args: None)
+    monkeypatch.setenv("MODELWRIGHT_COMMIT", "0123456789abcdef")
+    assert record_module.provenance()["commit"] == "0123456789abcdef"
+    assert record_module.provenance()["dirty"] is None
+    monkeypatch.delenv("MODELWRIGHT_COMMIT")
+    assert record_module.provenance()["commit"] is None

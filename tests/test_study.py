@@ -518,3 +518,18 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, capsys):
     assert err.startswith("error: plan: no file") and err.count("\n") == 1
     assert cli.main(["study", "--repeats", "0"]) == 2
     assert "repeats" in capsys.readouterr().err
+
+
+def test_a_budget_run_is_predicted_as_it_runs_without_accumulation(tmp_path, monkeypatch):
+    """A budget run takes one micro-batch per step: predicting it with the entry's accumulation (4 for all)
+    would pick another batch than the run then confirms."""
+    from modelwright.study import budget
+
+    entry = plan.Entry("accumulate", "configs/accumulate.yaml")
+    _write_profile(tmp_path / SLUG, "profile0")
+    study, _ = _budget_study(tmp_path, [entry], ["accumulate"], profile=True)
+    runs = budget._BudgetRuns(study, 0, entry, progress=None, budget_mib=512)
+    assert runs.config["trainer"]["accumulate_grad_batches"] == 1
+    seen = []
+    monkeypatch.setattr(budget.planner, "largest_batch", lambda profile, config, mib: seen.append(config) or 7)
+    assert runs.largest(512) == 7 and seen[0]["trainer"]["accumulate_grad_batches"] == 1

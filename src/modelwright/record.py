@@ -378,12 +378,15 @@ def _git(*args: str) -> str | None:
 
 
 def provenance(command: list[str] | None = None) -> dict[str, Any]:
-    """The record's ``provenance``: the checkout's commit (``dirty`` if tracked files changed), the command
-    line (``$MODELWRIGHT_COMMAND`` when a parent, such as the study, set it), and
+    """The record's ``provenance``: the checkout's commit (``dirty`` if tracked files changed; in a copy
+    without git history, such as the GPU machine's, ``$MODELWRIGHT_COMMIT`` names it and dirty is unknown), the
+    command line (``$MODELWRIGHT_COMMAND`` when a parent, such as the study, set it), and
     :data:`DEFINITIONS_VERSION`."""
     commit = _git("rev-parse", "HEAD")
     dirty = None
-    if commit:
+    if commit is None:
+        commit = os.environ.get("MODELWRIGHT_COMMIT") or None
+    elif commit:
         changes = _git("status", "--porcelain", "--untracked-files=no")
         dirty = None if changes is None else bool(changes)
     line = os.environ.get("MODELWRIGHT_COMMAND")

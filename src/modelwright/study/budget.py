@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from modelwright import fmt, planner
+from modelwright.planner import cuda
 from modelwright.record import get_path
 from modelwright.study.plan import Entry, build_spec
 from modelwright.study.runner import Progress, Study, say
@@ -42,19 +43,31 @@ class _BudgetRuns:
         self.entry = entry
         self.progress = progress
         self.budget_mib = budget_mib
-        self.plain = build_spec(entry, index, study.settings)
-        self.profile = study.baseline(get_path(self.plain.resolved, "model.model_name"))
+        plain = build_spec(entry, index, study.settings).resolved
+        # A budget run has no accumulation (its micro-batch is the step): so its predictions.
+        self.config = {**plain, "trainer": {**plain["trainer"], "accumulate_grad_batches": 1}}
+        model = get_path(plain, "model.model_name")
+        self.profile = study.baseline(model)
+        # On a GPU the run's peak is the allocator's, cuBLAS's workspaces included (planner.cuda).
+        settings = study.settings
+        self.resident = None
+        if settings.accelerator in ("cuda", "gpu") or settings.slug.startswith("cuda-"):
+            self.resident = cuda.resident_of(model)
 
     def largest(self, budget_mib: float) -> int:
         """The planner's largest micro-batch under ``budget_mib`` (0 without a profile)."""
         if self.profile is None:
             return 0
-        return int(planner.largest_batch(self.profile, self.plain.resolved, budget_mib))
+        if self.resident is not None:
+            return cuda.largest_cuda_batch(self.profile, self.config, self.resident, budget_mib)
+        return int(planner.largest_batch(self.profile, self.config, budget_mib))
 
     def predicted_peak(self, batch: int) -> float | None:
         if not batch:
             return None
-        config = {**self.plain.resolved, "data": {**self.plain.resolved["data"], "batch_size": batch}}
+        config = {**self.config, "data": {**self.config["data"], "batch_size": batch}}
+        if self.resident is not None:
+            return cuda.predict_cuda_peak(self.profile, config, self.resident).allocated_mib
         return planner.predict_peak_mib(self.profile, config)["total"]
 
     def run(self, batch: int, **extra: Any) -> dict:
