@@ -21,10 +21,14 @@ from typing import Any, BinaryIO
 
 from modelwright import REPO_ROOT
 
-SCHEMA_VERSION = 1
+#: 2: the timing of whole epochs and the CPU time, ``hardware.vector_isa``, the ``running`` status. Records of
+#: version 1 are still read: every key they have means what it meant.
+SCHEMA_VERSION = 2
+SCHEMA_VERSIONS = (1, SCHEMA_VERSION)
 #: Bumped when what a figure means changes (the MFU peak, the anatomy categories): records of different
 #: definitions are not put in one table. 3: MFU against the hardware peak; inputs and comm_buffers categories.
-DEFINITIONS_VERSION = 3
+#: 4: ``timing.epoch_time_s`` measured (it was steps × the median step), the history at 0-based step indices.
+DEFINITIONS_VERSION = 4
 
 
 class RecordError(ValueError):
@@ -204,7 +208,8 @@ class Provenance:
 class RunRecord:
     """One run."""
 
-    schema_version: int = _field("Version of this schema.", choices=(SCHEMA_VERSION,), default=SCHEMA_VERSION)
+    schema_version: int = _field("Version of this schema (version 1 records are still read).",
+                                 choices=SCHEMA_VERSIONS, default=SCHEMA_VERSION)
     run_id: str = _field("Unique id of the run (the caller's, or UTC time + random suffix).", default="")
     status: str = _field("How the run ended; ``running`` while it runs.",
                          choices=("ok", "failed", "diverged", "interrupted", "oom", "running"), default="ok")
