@@ -38,6 +38,8 @@ CALLBACKS = "tests/test_callbacks.py::"
 RELIABILITY = "tests/test_reliability.py::"
 MEASURE = "tests/test_measure.py::"
 ACCELERATE = "tests/test_accelerate_loop.py::"
+RESUME = "tests/test_resume_rules.py::"
+STUDY = "tests/test_study.py::"
 VALIDATION_INSIDE = CALLBACKS + "test_a_validation_inside_the_captured_step_stays_out_of_the_capture"
 
 MUTATIONS = (
@@ -86,9 +88,43 @@ MUTATIONS = (
              "        if trainer.is_global_zero and not trainer.fast_dev_run and not self._done:",
              "        if False:",
              (RELIABILITY + "test_the_record_exists_while_the_run_runs_and_survives_a_kill_in_its_last_write",)),
-    Mutation("record: writes not atomic", "src/modelwright/record.py",
-             "        os.replace(tmp, path)", "        shutil.copyfile(tmp, path)\n        os.unlink(tmp)",
+    Mutation("record: write_text_atomic a plain write_text", "src/modelwright/record.py",
+             "    return write_atomic(path, lambda file: file.write(text.encode(\"utf-8\")))",
+             "    Path(path).write_text(text, encoding=\"utf-8\")\n    return Path(path)",
              ("tests/test_record.py",)),
+    Mutation("resume: a finished fit resumed again", "src/modelwright/train/checkpoints.py",
+             "    if max_steps != -1 and steps >= max_steps:", "    if False:",
+             (RESUME + "test_last_after_a_finished_run_is_complete_and_passes_over_a_run_without_checkpoint",)),
+    Mutation("resume: changed arguments taken silently", "src/modelwright/train/checkpoints.py",
+             "    return differences\n", "    return []\n",
+             (RESUME + "test_resume_refuses_changed_arguments_naming_each_unless_allowed",)),
+    Mutation("resume: a checkpoint of another network loaded", "src/modelwright/train/checkpoints.py",
+             "    require(name == model[\"model_name\"],", "    require(True,",
+             ("tests/test_resume_rules.py", "tests/test_bad_inputs.py")),
+    Mutation("resume: the DDP sampler's seed not restored", "src/modelwright/train/resume.py",
+             "            distributed_seed = self.sampler.seed", "            distributed_seed = None",
+             (RESUME + "test_ddp_resume_under_another_seed_keeps_the_interrupted_runs_order",)),
+    # -- bad input (issue #26)
+    Mutation("input: max_epochs 0 accepted", "src/modelwright/train/checks.py",
+             "        require(max_epochs != 0,", "        require(True,", ("tests/test_bad_inputs.py",)),
+    Mutation("input: a batch larger than the training set accepted", "src/modelwright/train/checks.py",
+             "    require(batches > 0,", "    require(True,", ("tests/test_bad_inputs.py",)),
+    Mutation("input: a validation interval past the epoch accepted", "src/modelwright/train/checks.py",
+             "        require(interval <= limited,", "        require(True,", ("tests/test_bad_inputs.py",)),
+    # -- predictions by category (issue #27)
+    Mutation("predictions: FSDP2 without the prefetched block", "src/modelwright/planner/peak.py",
+             "            buffers += self.blocks[block - 1].param_bytes * gathered",
+             "            buffers += 0.0",
+             ("tests/test_predict.py",)),
+    Mutation("predictions: a signed tolerance (every under-prediction within)", "src/modelwright/report/predictions.py",
+             "        return abs(self.predicted - self.measured) / tolerance_mib(self.measured)",
+             "        return (self.predicted - self.measured) / tolerance_mib(self.measured)",
+             ("tests/test_report.py", "tests/test_predict.py")),
+    # -- the study (issue #28's survivors)
+    Mutation("study: an ok record of a child that exited non-zero counted ok", "src/modelwright/study/runner.py",
+             "        elif record is None or (child.returncode != 0 and record.get(\"status\") == \"ok\"):",
+             "        elif record is None:",
+             (STUDY + "test_an_ok_record_of_a_child_that_exited_non_zero_is_a_failure",)),
     Mutation("accelerate: the version counted, not the next free one", "src/modelwright/loops/accelerate.py",
              "        number = max(numbers, default=-1) + 1", "        number = len(numbers)",
              (ACCELERATE + "test_a_run_takes_the_next_free_version_and_never_writes_into_one",)),

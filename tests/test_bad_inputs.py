@@ -265,3 +265,25 @@ def test_a_second_machine_that_never_comes_ends_the_run_in_bounded_time(tmp_path
     assert len(errors) == 1 and errors[0].startswith("error: trainer.num_nodes: "), errors
     assert "Traceback" not in done.stderr
     assert took < 120, f"ended after {took:.0f} s"
+
+
+def test_the_tools_say_what_each_does_and_a_wrong_one_is_one_line(capsys):
+    from modelwright.__main__ import SUMMARIES, TOOLS, main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert set(SUMMARIES) == set(TOOLS) and all(f"  {name:<11} {text}" in out for name, text in SUMMARIES.items())
+    for argv in ([], ["nope"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: python -m modelwright") and "study" in err
+
+
+def test_a_tools_help_shows_its_whole_description(capsys):
+    """jsonargparse shows a docstring's first line: the accelerate tool's was cut off mid-sentence."""
+    from modelwright.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["accelerate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "version_N/record.json``, the next free N. Returns the trained network" in text

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, fit_args
+from modelwright.record import read_record
 from modelwright.train.cli import cli_main
 
 CONFIGS = sorted(path.name for path in (REPO_ROOT / "configs").glob("*.yaml"))
@@ -19,6 +20,16 @@ GPU_ONLY = {"fsdp.yaml"}
 
 def _versions(log_dir: Path) -> list[Path]:
     return sorted(log_dir.glob("*/version_*"))
+
+
+#: What each experiment file applies, as the record states it (smallcnn: six conv blocks to checkpoint).
+APPLIED = {
+    "baseline.yaml": {"precision": "32-true", "accumulate_grad_batches": 1, "checkpointed_segments": 0},
+    "amp.yaml": {"precision": "bf16-mixed", "accumulate_grad_batches": 1, "checkpointed_segments": 0},
+    "accumulate.yaml": {"precision": "32-true", "accumulate_grad_batches": 4, "checkpointed_segments": 0},
+    "checkpointing.yaml": {"precision": "32-true", "accumulate_grad_batches": 1, "checkpointed_segments": 6},
+    "all.yaml": {"precision": "bf16-mixed", "accumulate_grad_batches": 4, "checkpointed_segments": 6},
+}
 
 
 @pytest.mark.parametrize("config", [name for name in CONFIGS if name not in DISTRIBUTED | GPU_ONLY])
@@ -33,6 +44,11 @@ def test_config_trains(config, tmp_path):
     assert (version / "config.yaml").is_file(), "the resolved config is saved beside the logs"
     assert list(version.glob("events.out.tfevents.*"))
     assert (version / "checkpoints" / "last.ckpt").is_file()
+    # The file's techniques, as applied (read from the run, not the config).
+    techniques = read_record(version / "record.json")["techniques"]
+    expected = APPLIED.get(config, APPLIED["baseline.yaml"])
+    applied = {key: techniques[key] for key in expected}
+    assert applied == expected, f"{config}: {applied}"
 
 
 def test_checkpointing_switched_off_by_its_flag(tmp_path, caplog):

@@ -233,3 +233,24 @@ def test_a_copy_without_git_history_names_its_commit_from_the_environment(monkey
     assert record_module.provenance()["dirty"] is None
     monkeypatch.delenv("MODELWRIGHT_COMMIT")
     assert record_module.provenance()["commit"] is None
+
+
+def test_a_write_that_fails_midway_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    """Atomic: the new text goes to a temp file, is synced, and only then replaces the old one. A plain
+    write_text would have overwritten the file before failing (and never synced it)."""
+    import errno
+    import os
+
+    from modelwright.record import write_text_atomic
+
+    path = tmp_path / "record.json"
+    write_text_atomic(path, "old\n")
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    with pytest.raises(OSError, match="record.json"):
+        write_text_atomic(path, "new, cut short\n")
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["record.json"], "no temp file left"

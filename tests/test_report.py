@@ -127,8 +127,8 @@ def test_cli_exit_status_and_one_line_error(tmp_path, capsys):
     records[0]["provenance"]["definitions"] = 1
     write(tmp_path / "results" / "cpu-x", records)
     doc = tmp_path / "README.md"
-    doc.write_text("x <!-- v:cpu-x:amp:time:start --><!-- v:cpu-x:amp:time:end --> "
-                   "<!-- v:cpu-x:amp:verdict:start --><!-- v:cpu-x:amp:verdict:end -->\n", encoding="utf-8")
+    doc.write_text("<!-- figures: cpu-x -->\nx <!-- v amp.time --><!-- /v --> <!-- v amp.verdict --><!-- /v -->\n",
+                   encoding="utf-8")
     args = ["report", "--results", str(tmp_path / "results"), "--readme", str(doc), "--plots", "false"]
     assert cli(args) == 2
     err = capsys.readouterr().err
@@ -168,12 +168,18 @@ def test_marker_writer_refuses_a_file_without_markers(tmp_path):
 def test_inline_values_fill_a_hand_written_sentence(tmp_path):
     write(tmp_path / "results" / "cpu-x", small_study())
     doc = tmp_path / "doc.md"
-    doc.write_text("bf16 took <!-- v:cpu-x:amp:time:start --><!-- v:cpu-x:amp:time:end --> of the step "
-                   "(<!-- v:cpu-x:amp:band:start --><!-- v:cpu-x:amp:band:end -->) at "
-                   "<!-- v:cpu-x:amp:peak:start --><!-- v:cpu-x:amp:peak:end -->.\n", encoding="utf-8")
+    doc.write_text("<!-- figures: cpu-x -->\nbf16 took\n<!-- v amp.time --><!-- /v -->\nof the step "
+                   "(<!-- v amp.band --><!-- /v -->) at <!-- v cpu-x:amp.peak -->?<!-- /v -->.\n", encoding="utf-8")
     readme.update([doc], tmp_path / "results")
-    assert "-->0.71×<!--" in doc.read_text() and "-->350 MiB<!--" in doc.read_text()
-    assert "-->-6.7% / +6.7%<!--" in doc.read_text()  # the run's own repeats: 1400 and 1600 about 1500
+    text = doc.read_text()
+    assert "\n<!-- v amp.time -->0.71×<!-- /v -->\n" in text and "<!-- v cpu-x:amp.peak -->350 MiB<!-- /v -->" in text
+    assert "<!-- v amp.band -->-6.7% / +6.7%<!-- /v -->" in text  # the run's own repeats: 1400 and 1600 about 1500
+    doc.write_text("no study named: <!-- v amp.time -->?<!-- /v -->\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"doc\.md: <!-- v amp.time --> before any <!-- figures: SLUG --> line"):
+        readme.update([doc], tmp_path / "results")
+    doc.write_text("<!-- figures: cpu-x -->\n<!-- v amp -->?<!-- /v -->\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="an inline figure is run.field"):
+        readme.update([doc], tmp_path / "results")
 
 
 def test_fixture_rows_take_the_latest_config_and_the_median_of_repeats():

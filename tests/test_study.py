@@ -267,6 +267,23 @@ def test_a_run_writes_its_prediction_before_it_starts(tmp_path, monkeypatch):
     assert read_records(tmp_path / SLUG / "records.jsonl")[-1]["prediction"] == line
 
 
+def test_an_ok_record_of_a_child_that_exited_non_zero_is_a_failure(tmp_path, monkeypatch):
+    """A run whose process died after writing an ok record (say in teardown) did not end as its record says: it
+    is recorded failed with the exit status and the output's last error line."""
+    entry = plan.Entry("baseline", "configs/baseline.yaml")
+    study = runner.Study(plan.Plan("p", [entry]), _settings(), tmp_path / SLUG, tmp_path / "work")
+
+    def fake_child(args, log_path, env, timeout_s, tick):
+        log_path.write_text("RuntimeError: teardown broke\n")
+        (log_path.parent / "record.json").write_text(json.dumps(_fake_record(8, 1, 1.0)))
+        return runner.ChildResult(1, False, 0.1)
+
+    monkeypatch.setattr(runner, "run_child", fake_child)
+    record = study.run(plan.build_spec(entry, 0, _settings()), runner.Progress(1))
+    assert record["status"] == "failed" and record["error"] == "exit status 1: RuntimeError: teardown broke"
+    assert study.failed == 1 and study.executed == 1
+
+
 def test_resume_reads_past_a_torn_last_line(tmp_path):
     records = tmp_path / SLUG / "records.jsonl"
     record = build_record(run_id="r1")

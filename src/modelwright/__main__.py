@@ -6,6 +6,7 @@ is one line on stderr and exit status 2."""
 
 import argparse
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Mapping
@@ -23,6 +24,13 @@ TOOLS = {
     "report": "modelwright.report",
     "plan": "modelwright.planner",
     "accelerate": "modelwright.loops.accelerate",
+}
+#: What each tool does, for ``python -m modelwright --help`` (which imports none of them).
+SUMMARIES = {
+    "study": "measure what each technique buys here: a plan of runs, each a fresh process, then the report",
+    "report": "rebuild the tables, plots and the generated sections of README.md and docs/ from the records",
+    "plan": "what fits a memory budget per device (--budget_gib), or memory, time and cost at N GPUs",
+    "accelerate": "the training of main.py fit as a plain Hugging Face Accelerate loop, the same record",
 }
 #: The files and folders each tool's arguments name, and what each must be: ``file`` to read, ``document`` to
 #: read and rewrite, ``folder`` to read, ``output`` a folder to write in (made if missing). The Accelerate
@@ -54,12 +62,22 @@ def check_paths(tool: str, arguments: Mapping[str, Any]) -> None:
 
 
 def _usage(argv: list[str]) -> int:
-    given = ""
-    if argv and not argv[0].startswith("-"):
-        given = f" (got {argv[0]!r})"
-    print(f"usage: python -m modelwright {{{','.join(TOOLS)}}} [--help]{given}", file=sys.stderr)
     asked_for_help = argv[:1] in (["-h"], ["--help"])
-    return 0 if asked_for_help else 2
+    if not asked_for_help:
+        given = f": no tool {argv[0]!r}" if argv else ": name a tool"
+        print(f"error: python -m modelwright{given}; one of {', '.join(TOOLS)} (--help says what each does)",
+              file=sys.stderr)
+        return 2
+    tools = "\n".join(f"  {name:<11} {summary}" for name, summary in SUMMARIES.items())
+    print(f"usage: python -m modelwright <tool> [--help]\n\n{tools}\n\n"
+          "python -m modelwright <tool> --help lists a tool's flags.")
+    return 0
+
+
+def _description(function: Any) -> str:
+    """A tool's whole docstring up to its ``Args:``: jsonargparse would show its first line alone."""
+    text = inspect.getdoc(function) or ""
+    return text.split("\nArgs:")[0].strip()
 
 
 def run_tool(name: str, argv: list[str]) -> Any:
@@ -70,7 +88,8 @@ def run_tool(name: str, argv: list[str]) -> Any:
     argv = resolve_config_args(argv, training=name == "accelerate")
     # PARSER_KWARGS: e.g. the Accelerate loop's default config file
     parser = auto_parser(function, prog=f"python -m modelwright {name}", exit_on_error=False,
-                         allow_abbrev=False, **getattr(module, "PARSER_KWARGS", {}))
+                         allow_abbrev=False, description=_description(function),
+                         **getattr(module, "PARSER_KWARGS", {}))
     parsed = parser.parse_args(argv)
     check_paths(name, parsed)
     arguments = vars(parser.instantiate(parsed))
@@ -89,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+    except FloatingPointError as err:  # the Accelerate loop's run diverged (its record says so)
+        if os.environ.get("MODELWRIGHT_DEBUG") == "1":
+            raise
+        print(f"error: {one_line(err)}", file=sys.stderr)
+        return 1
     if isinstance(status, int):
         return status
     return 0  # the Accelerate loop returns its network and record

@@ -1,14 +1,16 @@
 """The one writer of generated text in README.md and docs/*.md: the text between ``<!-- name:start -->`` and
 ``<!-- name:end -->`` becomes what :class:`Sections` renders for ``name``; the rest, and sections of names it
-does not know, are left alone. Block sections (the marker on a line of its own) hold tables and plots; inline
-ones (``<!-- v:slug:run:field:start -->0.56×<!-- ...:end -->``) put one figure of a record into a hand-written
-sentence.
+does not know, are left alone. Block sections (the markers on lines of their own) hold tables and plots.
+
+A hand-written sentence takes one figure of a study's row between short markers, best on a line of its own:
+``<!-- v accumulate.memory -->0.45×<!-- /v -->`` is the ``memory`` figure of run ``accumulate`` in the study
+named by the last ``<!-- figures: SLUG -->`` line above it (``<!-- v SLUG:run.field -->`` names another).
 """
 
 import contextlib
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from modelwright.errors import require
@@ -19,12 +21,15 @@ from modelwright.report.plots import PLOTS
 from modelwright.study_rows import Row, build_budget_rows, build_rows, div, provenance_group
 
 MARKER = re.compile(r"<!-- ([\w.:/-]+):start -->(.*?)<!-- \1:end -->", re.S)
+#: The study that the inline figures after it come from, and one inline figure.
+FIGURES = re.compile(r"<!-- figures: (?P<slug>[\w./-]+) -->"
+                     r"|<!-- v (?P<name>[\w./:-]+) -->(?P<old>.*?)<!-- /v -->")
 
 
 def write_sections(path: Path, render: Callable[[str], str | None]) -> bool:
     """Rewrite every marked section of ``path`` whose name ``render`` knows; True if the text changed."""
     text = path.read_text(encoding="utf-8")
-    require(MARKER.search(text) is not None,
+    require(MARKER.search(text) is not None or FIGURES.search(text) is not None,
             f"{path}: no <!-- name:start --> ... <!-- name:end --> markers to fill")
 
     def fill(match: re.Match) -> str:
@@ -35,10 +40,41 @@ def write_sections(path: Path, render: Callable[[str], str | None]) -> bool:
         body = f"\n{body.strip()}\n" if old_body.startswith("\n") else body.strip()
         return f"<!-- {name}:start -->{body}<!-- {name}:end -->"
 
-    new = MARKER.sub(fill, text)
+    new = fill_figures(MARKER.sub(fill, text), path, render)
     if new != text:
         write_text_atomic(path, new)
     return new != text
+
+
+def figure_markers(text: str, path: Path) -> Iterator[tuple[re.Match, str]]:
+    """Each inline figure of ``text`` with its full name, ``v:<slug>:<run>:<field>``: the slug the figure's
+    own or the last ``figures:`` line's. A figure before any such line is an error naming the file."""
+    slug = None
+    for match in FIGURES.finditer(text):
+        if match.group("slug"):
+            slug = match.group("slug")
+            continue
+        name = match.group("name")
+        figure_slug, _, figure = name.rpartition(":") if ":" in name else (slug, "", name)
+        require(figure_slug is not None,
+                f"{path}: <!-- v {name} --> before any <!-- figures: SLUG --> line")
+        run, dot, field = figure.rpartition(".")
+        require(bool(dot and run), f"{path}: <!-- v {name} -->: an inline figure is run.field")
+        yield match, f"v:{figure_slug}:{run}:{field}"
+
+
+def fill_figures(text: str, path: Path, render: Callable[[str], str | None]) -> str:
+    """``text`` with each inline figure rendered (:func:`figure_markers`)."""
+    parts = []
+    position = 0
+    for match, full_name in figure_markers(text, path):
+        value = render(full_name)
+        body = match.group("old") if value is None else value
+        parts.append(text[position:match.start()])
+        parts.append(f"<!-- v {match.group('name')} -->{body}<!-- /v -->")
+        position = match.end()
+    parts.append(text[position:])
+    return "".join(parts)
 
 
 def read_json(path: Path) -> dict | None:
@@ -152,6 +188,10 @@ class Sections:
     def __call__(self, name: str) -> str | None:
         """The text of section ``name``; None for a name this writer does not know (its text is left
         alone)."""
+        if name.startswith("results:"):
+            return self.results(name.removeprefix("results:"))
+        if name.startswith("techniques:"):
+            return self.techniques(name.removeprefix("techniques:"))
         if name.startswith("v:"):
             require(name.count(":") == 3,
                     f"<!-- {name}:start -->: an inline figure is v:<slug>:<run>:<field>")
@@ -167,6 +207,12 @@ class Sections:
             "cpudefaults": lambda: self.benchmark("CPU-defaults", cpu_defaults_text, "cpu_defaults.json"),
         }
         return render[name]() if name in render else None
+
+    def techniques(self, slug: str) -> str:
+        """The one-table summary of a study's runs against its baseline."""
+        folder = next((folder for folder in self.studies if folder.slug == slug), None)
+        require(folder is not None, f"<!-- techniques:{slug}:start -->: no study results/{slug}/")
+        return tables.technique_summary(folder.rows, folder.budget)
 
     def predictions(self) -> str:
         return predictions.prediction_table(self.studies) or "No run of a study was predicted yet."
@@ -198,8 +244,11 @@ class Sections:
         table_md = self.rel(folder.folder / "table.md")
         return [*parts, "", f"Anatomy and failed runs: [{table_md}]({table_md}).", ""]
 
-    def results(self) -> str:
-        parts = [line for folder in self.top for line in self.results_of(folder)]
+    def results(self, slug: str | None = None) -> str:
+        """Every study's results section, or (``results:<slug>``) one study's."""
+        folders = [folder for folder in self.top if slug in (None, folder.slug)]
+        require(slug is None or bool(folders), f"<!-- results:{slug}:start -->: no study results/{slug}/")
+        parts = [line for folder in folders for line in self.results_of(folder)]
         if not parts:
             return "No study results yet: run `uv run python -m modelwright study`."
         return "\n".join(parts)

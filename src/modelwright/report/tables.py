@@ -9,7 +9,7 @@ from modelwright import planner
 from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
 from modelwright.planner.prices import GPU_NAMES, MachinePrice, machine_price
 from modelwright.record import get_path
-from modelwright.study_rows import LOSS_STEPS, BudgetRow, Row, peak_mib, provenance_group
+from modelwright.study_rows import LOSS_STEPS, BudgetRow, Row, div, peak_mib, provenance_group
 
 # study/budget.py and its tests read a record's measured peak from here.
 __all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "peak_mib", "scaleout_table",
@@ -108,6 +108,25 @@ def price_notes(rows: Sequence[Row]) -> list[str]:
         known = ", ".join(GPU_NAMES)
         notes.append(f"Cost: – where the device has no listed price (GPUs priced: {known}).")
     return notes
+
+
+def technique_summary(rows: Sequence[Row], budget: Sequence[BudgetRow]) -> str:
+    """One line per run against its baseline: memory, step time (with the verdict), time per epoch, the
+    largest batch under the budget and the cost per epoch, each as a ratio."""
+    largest = {entry.name: entry.vs_reference for entry in budget if entry.fits}
+    body = []
+    for row in (row for row in rows if row.ok and row.reference is not None and row is not row.reference):
+        cost = row_cost(row)
+        reference_cost = row_cost(row.reference)
+        epoch_ratio = None
+        if row.epoch is not None and row.reference.epoch is not None:
+            epoch_ratio = div(row.epoch.time_s, row.reference.epoch.time_s)
+        cost_ratio = div(cost and cost.per_epoch, reference_cost and reference_cost.per_epoch)
+        body.append([row.name, ratio(row.vs("peak_mib")), f"{ratio(row.vs('step_ms'))} ({row.verdict})",
+                     ratio(epoch_ratio), ratio(largest.get(row.name)), ratio(cost_ratio)])
+    header = ["run, against the baseline", "peak memory", "step time", "time per epoch",
+              "largest batch under the budget", "cost per epoch"]
+    return table(header, body, "lrlrrr")
 
 
 def main_table(rows: Sequence[Row], marks: Mapping[str, str] | None = None) -> str:
