@@ -13,10 +13,11 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+import modelwright.report.predictions as predictions
+import modelwright.report.tables as tables
 from modelwright.errors import require
 from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
 from modelwright.record import get_path, read_record, read_records, write_text_atomic
-from modelwright.report import predictions, tables
 from modelwright.report.plots import PLOTS
 from modelwright.study_rows import Row, build_budget_rows, build_rows, div, provenance_group
 

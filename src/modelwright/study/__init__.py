@@ -277,17 +277,15 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
         rerun: run again even what is recorded.
         retry_failed: run again the runs recorded as failed or oom.
         run_timeout_s: stop a run (and record it as failed) after this long.
-        predict: profile one step of the baseline and write every run's predicted peak before it (the budget
-            needs it).
-        epochs: also time one whole epoch of each run, as its config has it (time per epoch).
-        dry_run: list the runs, their commands and an estimate of the time they take; run nothing.
+        predict: profile the baseline's step and predict every run's peak before it (the budget needs it).
+        epochs: also time one whole epoch of each run, as its config has it.
+        dry_run: list the runs, their commands and an estimate of their time; run nothing.
     """
     arguments = dict(locals())
     cmd = _command(arguments)
     started = time.perf_counter()
-    the_plan = load_plan(repo_path(plan))
     arguments["slug"] = slug or hardware_slug(accelerator)
-    sweep = _sweep(the_plan, arguments)
+    sweep = _sweep(load_plan(repo_path(plan)), arguments)
     results_dir = results.resolve() / sweep.settings.slug
     workdir = workdir.resolve() / sweep.settings.slug
     runner = Study(sweep.plan, sweep.settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed,
@@ -304,11 +302,18 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
     except KeyboardInterrupt:
         say("interrupted: the runs recorded so far are kept; the same command resumes")
         return 130
-    if report:
+    return _report_and_status(runner, results_dir, readme if report else False, allow_mixed)
+
+
+def _report_and_status(runner: Study, results_dir: Path, readme: Path | None | bool,
+                       allow_mixed: bool) -> int:
+    """The report (``readme`` False: none; None: the results folder's files only), then the study's exit
+    status. Failed runs are results (recorded, shown in the table); only a study that measured nothing is an
+    error."""
+    if readme is not False:
         readme_path = repo_path(readme).resolve() if readme else None
         written = generate(results_dir, readme=readme_path, allow_mixed=allow_mixed)
         say("report: " + ", ".join(rel(path) for path in written))
-    # Failed runs are results (recorded, shown in the table); only a study that measured nothing is an error.
     if runner.executed and runner.failed == runner.executed:
         return 1
     return 0

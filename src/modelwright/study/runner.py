@@ -301,7 +301,7 @@ class Study:
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         callbacks = patch_callbacks(spec.resolved["trainer"]["callbacks"], self.settings.warmup_steps,
-                                    rel(run_dir / "record.json"))
+                                    rel(run_dir / "record.json"), anatomy=spec.kind != "epoch")
         callbacks_yaml = yaml.safe_dump({"trainer": {"callbacks": callbacks}}, sort_keys=False)
         (run_dir / "callbacks.yaml").write_text(callbacks_yaml)
         return run_dir
