@@ -3,9 +3,10 @@
 To run: ``uv run python benchmarks/main_job.py`` (runs ``main.py fit --config configs/amp.yaml`` once, in a
 fresh process, with the default settings; about 5 minutes on a 2-core CPU).
 
-Writes ``results/<hardware>/main_job.json`` (command, wall time of the whole process, final val/acc, hardware,
-versions, the run record's id), then the README's sections (``python -m modelwright report``).
-``--readme-only`` rewrites the README from the existing JSON without running.
+Writes ``results/<hardware>/main_job.json`` (command, wall time of the whole process, the fit's measured epoch
+and median step, final val/acc, hardware, versions, the run record's id), then the README's sections
+(``python -m modelwright report``; ``--no-report`` leaves them). ``--readme-only`` rewrites the README from the
+existing JSON without running; ``--logs DIR`` keeps the run's logs (TensorBoard events) in DIR.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from modelwright.study import hardware_slug  # noqa: E402
 CONFIG = "configs/amp.yaml"
 
 
-def run(config: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
+def run(config: str, logs: str | None = None) -> dict:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = logs or scratch
         command = [sys.executable, "main.py", "fit", "--config", config]
         t0 = time.perf_counter()
         proc = subprocess.run(
@@ -46,6 +48,10 @@ def run(config: str) -> dict:
         "command": f"uv run main.py fit --config {config}",
         "process_wall_time_s": round(wall_s, 1),
         "fit_wall_time_s": record["timing"]["wall_time_s"],
+        "epoch_time_s": record["timing"]["epoch_time_s"],
+        "step_time_median_ms": record["timing"]["step_time_median_ms"],
+        "step_cpu_utilization": record["timing"].get("step_cpu_utilization"),
+        "data": record["config"]["data"]["dataset"],
         "val_acc": record["metrics"]["val/acc"],
         "val_loss": record["metrics"]["val/loss"],
         "precision": record["techniques"]["precision"],
@@ -59,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=CONFIG)
     parser.add_argument("--readme-only", action="store_true", help="rewrite the README from the existing JSON")
+    parser.add_argument("--no-report", action="store_true", help="write the JSON only, not the README")
+    parser.add_argument("--logs", default=None, help="keep the run's logs in this folder (default: discarded)")
     args = parser.parse_args(argv)
     out = REPO / "results" / hardware_slug() / "main_job.json"
     if args.readme_only:
@@ -66,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {out.relative_to(REPO)}: not found; run without --readme-only first")
         result = json.loads(out.read_text())
     else:
-        result = run(args.config)
+        result = run(args.config, args.logs)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
         tmp.write_text(json.dumps(result, indent=2) + "\n")
         tmp.replace(out)
-    return report(plots=False)
+    return 0 if args.no_report else report(plots=False)
 
 
 if __name__ == "__main__":

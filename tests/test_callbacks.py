@@ -389,3 +389,18 @@ def test_a_validation_inside_the_captured_step_stays_out_of_the_capture(tmp_path
     assert inside["timing"]["measured_steps"] == 3 and after["timing"]["measured_steps"] == 4
     assert inside["timing"]["epoch_validations"] == 4 and after["timing"]["epoch_validations"] == 1
     assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def test_the_summary_warns_when_the_cores_were_shared():
+    """A contended machine once inflated the main job's steps 45× without a word: below 0.8 of their threads'
+    CPU time, a CPU run's measured steps are flagged."""
+    from modelwright.report.run_summary import contention, summary_lines
+
+    record = {"run_id": "r", "status": "ok", "hardware": {"accelerator": "cpu"},
+              "timing": {"step_cpu_utilization": 0.45}}
+    assert "got 45% of their threads' CPU time" in contention(record)
+    assert any(line.startswith("  warning     the measured steps got 45%") for line in summary_lines(record, "r.json",
+                                                                                                 None))
+    for quiet in ({**record, "timing": {"step_cpu_utilization": 0.95}}, {**record, "hardware": {"accelerator": "cuda"}},
+                  {**record, "timing": {}}):
+        assert contention(quiet) is None

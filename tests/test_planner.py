@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
+import os
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -139,9 +142,20 @@ def test_spec_from_record_labels_the_step_time_as_measured():
         spec_from_record(record)
 
 
-def _plan(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "modelwright", "plan", *args], capture_output=True, text=True,
-                          timeout=120, cwd=cwd)
+def _plan(*args: str, cwd=None) -> SimpleNamespace:
+    """``python -m modelwright plan ARGS``, in this process (a fresh one spends seconds importing torch)."""
+    from modelwright.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    previous = Path.cwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["plan", *args])
+    finally:
+        os.chdir(previous)
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_cli_tables_never_price_a_cpu_step_at_gpu_rates(tmp_path):

@@ -70,7 +70,7 @@ def test_main_table_rows_match_hand_computed_figures():
     text = tables.main_table(rows)
     base = cells(text, "baseline")
     assert base[2:8] == ["700", "1.0×", "2,100", "2,000–2,200 (3)", "1.0×", "no measurable change"]
-    assert cells(text, "fused")[6:8] == ["1.0×", "no measurable change"]  # 2150/2100 = 1.024 < 9.5%
+    assert cells(text, "fused")[6:8] == ["1.02×", "no measurable change"]  # 2150/2100 = 1.024 < 9.5%
     fast = cells(text, "amp")
     assert fast[2:8] == ["350", "0.50×", "1,500", "1,400–1,600 (2)", "0.71×", "faster"]  # 1500/2100
     assert cells(text, "checkpointing-block")[6:8] == ["1.2×", "slower"]  # 2550/2100 = 1.21
@@ -232,6 +232,7 @@ def test_attention_table_tolerates_absence_and_reads_the_benchmark():
 def test_formatters_round_to_significant_digits_and_dash_what_is_missing():
     assert [fmt.sig(x) for x in (0.9996, 123456, 0.00123456, 0)] == ["1.00", "123,000", "0.00123", "0"]
     assert {fmt.sig(x) for x in (None, True, float("nan"), float("inf"), "1")} == {"–"}
+    assert [fmt.ratio(x) for x in (1.0, 1.041, 0.951, 1.06)] == ["1.0×", "1.04×", "0.951×", "1.1×"]
     assert fmt.ratio(0.5649) == "0.56×" and fmt.pct(0.873) == "87%" and fmt.pct(0.05, signed=True) == "+5.0%"
     assert [fmt.duration(s) for s in (0.85, 60, 150, 3 * 3600, 3.1 * 86400)] == ["850 ms", "60 s", "2.5 min", "3 h",
                                                                                 "3.1 days"]

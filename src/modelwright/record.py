@@ -384,7 +384,7 @@ def _git(*args: str) -> str | None:
 
 def provenance(command: list[str] | None = None) -> dict[str, Any]:
     """The record's ``provenance``: the checkout's commit (``dirty`` if tracked files changed; in a copy
-    without git history, such as the GPU machine's, ``$MODELWRIGHT_COMMIT`` names it and dirty is unknown), the
+    without git history, such as the GPU machine's, ``$MODELWRIGHT_COMMIT`` names it, dirty unknown), the
     command line (``$MODELWRIGHT_COMMAND`` when a parent, such as the study, set it), and
     :data:`DEFINITIONS_VERSION`."""
     commit = _git("rev-parse", "HEAD")

@@ -280,8 +280,12 @@ class Sections:
 
 
 def main_job_text(result: Mapping) -> str:
-    header = ["command", "wall time, start to exit", "final val/acc", "precision", "machine"]
-    row = [f"`{result['command']}`", duration(result["process_wall_time_s"]), sig(result["val_acc"]),
+    header = ["command", "wall time, start to exit", "time per epoch", "median step", "data", "final val/acc",
+              "precision", "machine"]
+    step = result.get("step_time_median_ms")
+    row = [f"`{result['command']}`", duration(result["process_wall_time_s"]),
+           duration(result.get("epoch_time_s")),
+           sig(step, suffix=" ms"), result.get("data", "synthetic"), sig(result["val_acc"]),
            result["precision"], machine_text(result)]
     return table(header, [row])
 

@@ -219,9 +219,19 @@ def _announce(sweep: _Sweep, to_run: int, results_dir: Path) -> None:
 def _run(sweep: _Sweep, runner: Study, to_run: int) -> None:
     with Progress(to_run) as progress:
         for spec in sweep.specs:
+            unrecorded_epoch = spec.kind == "epoch" and runner.recorded(spec) is None
+            if unrecorded_epoch and not _timed_ok(sweep, runner, spec.name):
+                runner.leave_out(spec, progress, "every timed run of it failed")
+                continue
             runner.run(spec, progress)
         if sweep.budget:
             budget_phase(runner, sweep.runnable, progress, sweep.budget_gib * 1024)
+
+
+def _timed_ok(sweep: _Sweep, runner: Study, name: str) -> bool:
+    """Whether a timed run of ``name`` ended ok: a whole epoch of a run that failed fails the same way."""
+    timed = [spec for spec in sweep.specs if spec.kind == "run" and spec.name == name]
+    return any(runner.ended_ok(spec) for spec in timed)
 
 
 def _write_summary(sweep: _Sweep, runner: Study, results_dir: Path, cmd: list[str], wall_s: float) -> None:

@@ -258,6 +258,16 @@ class Study:
             return None
         return record
 
+    def ended_ok(self, spec: RunSpec) -> bool:
+        """Whether ``spec`` has a record, of this study or an earlier one, that ended ok."""
+        record = self.done.get((spec.kind, spec.config_hash, spec.repeat))
+        return record is not None and record.get("status") == "ok"
+
+    def leave_out(self, spec: RunSpec, progress: Progress, why: str) -> None:
+        """Do not run ``spec`` (counted among the runs to run), and say why."""
+        progress.add_runs(-1)
+        say(f"{spec.label}: not run: {why}")
+
     def baseline(self, model: Any) -> dict | None:
         """profile.json: the profile of the plan's first run (its baseline) on ``model``, made on first use,
         or None."""
