@@ -201,3 +201,43 @@ def test_every_category_of_the_committed_study_within_5_percent_or_2_mib(label, 
                      "comm_buffers"):
         tolerance = max(TOLERANCE_SHARE * measured[category], TOLERANCE_MIB)
         assert predicted[category] == pytest.approx(measured[category], abs=tolerance), (label, category)
+
+
+#: The study whose predictions were written before each of its runs (predictions.jsonl and each record's
+#: ``prediction``), from its own baseline profiled when it started.
+PREDICTED_STUDY = REPO_ROOT / "results" / "cpu-amd-epyc-avx512-2cores"
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries", "comm_buffers")
+
+
+def predicted_rows() -> list[tuple[str, dict, dict]]:
+    """Every ok record of that study with a memory anatomy and the prediction made before it, as (label,
+    record, predicted MiB by category)."""
+    rows = []
+    for record in read_records(PREDICTED_STUDY / "records.jsonl"):
+        predicted = get_path(record, "prediction.predicted_mib")
+        if record.get("status") != "ok" or not get_path(record, "memory.anatomy_mib") or not predicted:
+            continue
+        study = record["study"]
+        rows.append((f"{study['name']} ({study['kind']} {study['repeat']})", record, predicted))
+    return rows
+
+
+def test_the_study_predicted_every_run_it_measured():
+    kinds = {}
+    for record in read_records(PREDICTED_STUDY / "records.jsonl"):
+        if record.get("status") == "ok" and get_path(record, "memory.anatomy_mib"):
+            kinds.setdefault(record["study"]["kind"], []).append(get_path(record, "prediction.predicted_mib"))
+    assert set(kinds) == {"run", "budget"} and all(all(kind) for kind in kinds.values())
+
+
+@pytest.mark.parametrize(("label", "record", "predicted"), predicted_rows(), ids=lambda value: str(value)[:40])
+def test_every_category_predicted_before_its_run_within_5_percent_or_2_mib(label, record, predicted):
+    """The out-of-sample check: each category as the study predicted it, before the run, from another run's
+    profile (the fp32 baseline's step), within 5% or 2 MiB of what the run measured."""
+    prediction = record["prediction"]
+    assert prediction["created_at"] <= record["created_at"], "predicted before the run's record was begun"
+    assert prediction["from_run_id"].startswith("profile-") and prediction["from_run_id"] != record["run_id"]
+    measured = record["memory"]["anatomy_mib"]
+    for category in CATEGORIES:
+        tolerance = max(TOLERANCE_SHARE * measured[category], TOLERANCE_MIB)
+        assert predicted[category] == pytest.approx(measured[category], abs=tolerance), (label, category)

@@ -387,10 +387,15 @@ class Study:
 
 
 def _say_result(spec: RunSpec, record: dict, seconds: float) -> None:
-    if record["status"] == "ok":
-        peak = get_path(record, "memory.peak_allocated_mib")
-        step = get_path(record, "timing.step_time_median_ms")
-        how = f"ok, peak {fmt.sig(peak)} MiB, step {fmt.sig(step)} ms"
-    else:
+    """One line per finished run: its peak and median step (an epoch run: its epoch time), or what failed."""
+    peak = get_path(record, "memory.peak_allocated_mib")
+    step = get_path(record, "timing.step_time_median_ms")
+    if record["status"] != "ok":
         how = f"{record['status']}: {record.get('error')}"
+    elif spec.kind == "epoch":
+        how = f"ok, epoch {fmt.duration(get_path(record, 'timing.epoch_time_s'))}, median step {fmt.sig(step)} ms"
+    elif step is None:  # a budget run: its memory only
+        how = f"ok, peak {fmt.sig(peak)} MiB"
+    else:
+        how = f"ok, peak {fmt.sig(peak)} MiB, step {fmt.sig(step)} ms"
     say(f"{spec.label}: {how} in {fmt.duration(seconds)}")
