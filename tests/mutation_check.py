@@ -64,8 +64,8 @@ MUTATIONS = (
     Mutation("probe: an epoch cut short counted as whole", "src/modelwright/measure/probe.py",
              "        if epoch is not None and expected_steps is not None and epoch.steps == expected_steps:",
              "        if epoch is not None:",
-             (CALLBACKS + "test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record",
-              RELIABILITY + "test_the_record_exists_while_the_run_runs_and_survives_a_kill_in_its_last_write")),
+             (MEASURE + "test_an_epoch_counts_as_whole_only_with_every_step_it_expected",
+              CALLBACKS + "test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record")),
     Mutation("probe: skip stops one step late", "src/modelwright/measure/divergence.py",
              "self.skipped_steps > self.max_skipped_steps", "self.skipped_steps > self.max_skipped_steps + 1",
              (MEASURE + "test_skip_stops_the_run_only_past_max_skipped_steps",)),
@@ -94,7 +94,8 @@ MUTATIONS = (
              ("tests/test_record.py",)),
     Mutation("resume: a finished fit resumed again", "src/modelwright/train/checkpoints.py",
              "    if max_steps != -1 and steps >= max_steps:", "    if False:",
-             (RESUME + "test_last_after_a_finished_run_is_complete_and_passes_over_a_run_without_checkpoint",)),
+             (RESUME + "test_a_fit_is_complete_at_either_limit_as_lightning_counts_them",
+              RESUME + "test_last_after_a_finished_run_is_complete_and_passes_over_a_run_without_checkpoint")),
     Mutation("resume: changed arguments taken silently", "src/modelwright/train/checkpoints.py",
              "    return differences\n", "    return []\n",
              (RESUME + "test_resume_refuses_changed_arguments_naming_each_unless_allowed",)),
@@ -139,7 +140,8 @@ MUTATIONS = (
              (STUDY + "test_an_ok_record_of_a_child_that_exited_non_zero_is_a_failure",)),
     Mutation("accelerate: the version counted, not the next free one", "src/modelwright/loops/accelerate.py",
              "        number = max(numbers, default=-1) + 1", "        number = len(numbers)",
-             (ACCELERATE + "test_a_run_takes_the_next_free_version_and_never_writes_into_one",)),
+             (ACCELERATE + "test_the_next_version_follows_the_highest_as_lightning_numbers_runs",
+              ACCELERATE + "test_a_run_takes_the_next_free_version_and_never_writes_into_one")),
 )
 
 
@@ -165,13 +167,13 @@ def apply(copy: Path, mutation: Mutation) -> str:
     return text
 
 
-def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[int, float]:
+def run_tests(copy: Path, tests: tuple[str, ...]) -> tuple[int, float, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy / "src"), str(copy), str(copy / "tests")]),
            "PYTHONDONTWRITEBYTECODE": "1"}
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
                           cwd=copy, env=env, capture_output=True, text=True)
-    return proc.returncode, time.perf_counter() - started
+    return proc.returncode, time.perf_counter() - started, proc.stdout[-2000:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,14 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         copy = Path(folder)
         copy_checkout(copy)
         every_test = tuple(dict.fromkeys(test for mutation in chosen for test in mutation.tests))
-        code, seconds = run_tests(copy, every_test)
+        code, seconds, output = run_tests(copy, every_test)
         if code != 0:  # a bug caught by tests that fail anyway proves nothing
-            raise SystemExit(f"the tests fail without any mutation (exit {code}): fix them first")
+            raise SystemExit(f"{output}\nthe tests fail without any mutation (exit {code}): fix them first")
         print(f"unmutated: the {len(every_test)} test selections pass ({seconds:.0f} s)", flush=True)
         for mutation in chosen:
             original = apply(copy, mutation)
             try:
-                code, seconds = run_tests(copy, mutation.tests)
+                code, seconds, _ = run_tests(copy, mutation.tests)
             finally:
                 (copy / mutation.path).write_text(original, encoding="utf-8")
             (caught if code != 0 else survived).append(mutation.name)

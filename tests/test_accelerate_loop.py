@@ -230,3 +230,17 @@ if __name__ == "__main__":  # a rank under torchrun: train, then save this rank'
 
     net, _ = run(sys.argv[2:])
     torch.save(net.state_dict(), Path(sys.argv[1]) / f"rank{os.environ['RANK']}.pt")
+
+
+def test_the_next_version_follows_the_highest_as_lightning_numbers_runs(tmp_path):
+    """After a lone version_3 (the others deleted), the next run is version_4, not the first number unused."""
+    from types import SimpleNamespace
+
+    from modelwright.loops.accelerate import next_version
+
+    accelerator = SimpleNamespace(is_main_process=True, num_processes=1, init_trackers=lambda name: None)
+    (tmp_path / "version_3").mkdir()
+    (tmp_path / "version_notes").mkdir()  # not a run's folder
+    assert next_version(accelerator, tmp_path) == tmp_path / "version_4"
+    assert next_version(accelerator, tmp_path) == tmp_path / "version_5"
+    assert next_version(accelerator, tmp_path / "new") == tmp_path / "new" / "version_0"

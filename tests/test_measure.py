@@ -579,13 +579,16 @@ def test_cuda_peak_window_and_event_timer():
 # -- the step probe -------------------------------------------------------------------------------
 
 
-def _probe_steps(probe: measure.StepProbe, steps: int, micro_batches: int = 1) -> None:
-    """``steps`` optimizer steps of a tiny network through ``probe``, as a loop calls it."""
+def _probe_steps(probe: measure.StepProbe, steps: int, micro_batches: int = 1, in_an_epoch: bool = False) -> None:
+    """``steps`` optimizer steps of a tiny network through ``probe``, as a loop calls it (``in_an_epoch``: all
+    of them inside one training epoch the probe is told of)."""
     torch.manual_seed(0)
     net = nn.Linear(4, 2)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     probe.start(device="cpu", precision="32-true", modules=[net], optimizers=[optimizer],
                 micro_batches_per_step=micro_batches)
+    if in_an_epoch:
+        probe.epoch_begins()
     step = 0
     for micro in range(steps * micro_batches):
         x = torch.randn(8, 4)
@@ -635,3 +638,14 @@ def test_skip_stops_the_run_only_past_max_skipped_steps():
     with pytest.raises(measure.NonFiniteLossError, match="3 steps skipped, max_skipped_steps=2"):
         watch.before_update(optimizer, net, reduce=lambda t: t)
     assert watch.diverged_at_step == 2
+
+
+def test_an_epoch_counts_as_whole_only_with_every_step_it_expected():
+    """An epoch begun midway by a resume, or ended early by max_steps, is not a time per epoch."""
+    for expected, whole in ((3, True), (4, False), (None, False)):
+        probe = measure.StepProbe(warmup_steps=1, anatomy=False, peak_flops_per_s=1e12)
+        _probe_steps(probe, steps=3, in_an_epoch=True)
+        probe.epoch_ends(expected)
+        assert (probe.last_epoch is not None) is whole, expected
+        if whole:
+            assert probe.last_epoch.steps == 3 and probe.last_epoch.seconds > 0

@@ -187,3 +187,21 @@ def test_ddp_resume_under_another_seed_keeps_the_interrupted_runs_order(rank):
     assert seen + rest == epochs[0]
     resumed.sampler.set_epoch(1)
     assert [batch[0].tolist() for batch in resumed] == epochs[1]
+
+
+def _fit_checkpoint(epochs: int, steps: int) -> dict:
+    return {"global_step": steps, "loops": {"fit_loop": {"epoch_progress": {"current": {"processed": epochs}}}}}
+
+
+def test_a_fit_is_complete_at_either_limit_as_lightning_counts_them():
+    """Complete at max_steps or at max_epochs, whichever the run set; an unset max_epochs is Lightning's 1000
+    only when nothing else limits the fit."""
+    from modelwright.train.checkpoints import completed
+
+    assert completed(_fit_checkpoint(1, 20), {"max_steps": 20, "max_epochs": -1}) == "step 20 of trainer.max_steps 20"
+    assert completed(_fit_checkpoint(1, 19), {"max_steps": 20, "max_epochs": -1}) is None
+    assert completed(_fit_checkpoint(2, 64), {"max_steps": -1, "max_epochs": 2}).startswith("epoch 2 of")
+    assert completed(_fit_checkpoint(1, 32), {"max_steps": -1, "max_epochs": 2}) is None
+    assert completed(_fit_checkpoint(5, 160), {"max_steps": 200, "max_epochs": None}) is None  # epochs unlimited
+    assert completed(_fit_checkpoint(999, 9), {"max_steps": -1, "max_epochs": None}) is None
+    assert completed(_fit_checkpoint(1000, 9), {"max_steps": -1, "max_epochs": None}).startswith("epoch 1000 of")
