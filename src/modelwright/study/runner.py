@@ -393,7 +393,8 @@ def _say_result(spec: RunSpec, record: dict, seconds: float) -> None:
     if record["status"] != "ok":
         how = f"{record['status']}: {record.get('error')}"
     elif spec.kind == "epoch":
-        how = f"ok, epoch {fmt.duration(get_path(record, 'timing.epoch_time_s'))}, median step {fmt.sig(step)} ms"
+        epoch = get_path(record, "timing.epoch_time_s")
+        how = f"ok, epoch {fmt.duration(epoch)}, median step {fmt.sig(step)} ms"
     elif step is None:  # a budget run: its memory only
         how = f"ok, peak {fmt.sig(peak)} MiB"
     else:
