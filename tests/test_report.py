@@ -232,7 +232,7 @@ def test_attention_table_tolerates_absence_and_reads_the_benchmark():
 def test_formatters_round_to_significant_digits_and_dash_what_is_missing():
     assert [fmt.sig(x) for x in (0.9996, 123456, 0.00123456, 0)] == ["1.00", "123,000", "0.00123", "0"]
     assert {fmt.sig(x) for x in (None, True, float("nan"), float("inf"), "1")} == {"–"}
-    assert [fmt.ratio(x) for x in (1.0, 1.041, 0.951, 1.06)] == ["1.0×", "1.04×", "0.951×", "1.1×"]
+    assert [fmt.ratio(x) for x in (1.0, 1.041, 0.998, 0.98, 1.06)] == ["1.0×", "1.04×", "0.998×", "0.98×", "1.1×"]
     assert fmt.ratio(0.5649) == "0.56×" and fmt.pct(0.873) == "87%" and fmt.pct(0.05, signed=True) == "+5.0%"
     assert [fmt.duration(s) for s in (0.85, 60, 150, 3 * 3600, 3.1 * 86400)] == ["850 ms", "60 s", "2.5 min", "3 h",
                                                                                 "3.1 days"]

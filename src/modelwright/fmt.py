@@ -44,7 +44,7 @@ def ratio(value: Any, digits: int = 2) -> str:
     """A ratio as ``0.56×``; near 1 (but not 1) one digit more, ``1.04×``, so that a change the verdict calls
     slower or faster does not read as ``1.0×``."""
     number = finite(value)
-    if number is not None and number != 1 and 0.95 <= number < 1.05:
+    if number is not None and number != 1 and 0.995 <= number < 1.05:  # what two digits would show as 1.0
         digits += 1
     return sig(value, digits, "×")
 

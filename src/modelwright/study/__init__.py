@@ -217,21 +217,31 @@ def _announce(sweep: _Sweep, to_run: int, results_dir: Path) -> None:
 
 
 def _run(sweep: _Sweep, runner: Study, to_run: int) -> None:
+    failed_before = {spec.name for spec in sweep.specs if _timed_runs_failed(sweep, runner, spec.name)}
     with Progress(to_run) as progress:
         for spec in sweep.specs:
             unrecorded_epoch = spec.kind == "epoch" and runner.recorded(spec) is None
-            if unrecorded_epoch and not _timed_ok(sweep, runner, spec.name):
-                runner.leave_out(spec, progress, "every timed run of it failed")
+            if unrecorded_epoch and _timed_runs_failed(sweep, runner, spec.name):
+                counted = spec.name not in failed_before  # among the runs to run when the study began
+                runner.leave_out(spec, progress, "every timed run of it failed", counted)
                 continue
             runner.run(spec, progress)
         if sweep.budget:
             budget_phase(runner, sweep.runnable, progress, sweep.budget_gib * 1024)
 
 
-def _timed_ok(sweep: _Sweep, runner: Study, name: str) -> bool:
-    """Whether a timed run of ``name`` ended ok: a whole epoch of a run that failed fails the same way."""
+def _timed_runs_failed(sweep: _Sweep, runner: Study, name: str) -> bool:
+    """Whether every timed run of ``name`` has ended, none ok: a whole epoch of it would fail the same way."""
     timed = [spec for spec in sweep.specs if spec.kind == "run" and spec.name == name]
-    return any(runner.ended_ok(spec) for spec in timed)
+    ended = all(runner.done.get(spec.key) is not None for spec in timed)
+    return ended and not any(runner.ended_ok(spec) for spec in timed)
+
+
+def _will_run(sweep: _Sweep, runner: Study, spec: RunSpec) -> bool:
+    """Whether ``spec`` is to run: not recorded, and not an epoch of a run whose timed runs all failed."""
+    if runner.recorded(spec) is not None:
+        return False
+    return spec.kind != "epoch" or not _timed_runs_failed(sweep, runner, spec.name)
 
 
 def _write_summary(sweep: _Sweep, runner: Study, results_dir: Path, cmd: list[str], wall_s: float) -> None:
@@ -300,7 +310,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
     workdir = workdir.resolve() / sweep.settings.slug
     runner = Study(sweep.plan, sweep.settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed,
                    profile=predict, run_timeout_s=run_timeout_s, cmd=cmd)
-    to_run = sum(runner.recorded(spec) is None for spec in sweep.specs)
+    to_run = sum(_will_run(sweep, runner, spec) for spec in sweep.specs)
     _announce(sweep, to_run, results_dir)
     if dry_run:
         _say_dry_run(sweep.specs, runner, workdir)

@@ -236,7 +236,7 @@ class Settings:
 
 @dataclass
 class RunSpec:
-    """One process to run (``kind``: ``run`` or ``budget``) of the plan's entry ``index``."""
+    """One process to run (``kind``: ``run``, ``epoch`` or ``budget``) of the plan's entry ``index``."""
 
     name: str
     kind: str
@@ -248,6 +248,11 @@ class RunSpec:
     config_hash: str
     measured_steps: int
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """What identifies its record among a study's records: kind, config hash, repeat."""
+        return (self.kind, self.config_hash, self.repeat)
 
     @property
     def folder(self) -> str:

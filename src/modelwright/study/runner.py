@@ -253,19 +253,20 @@ class Study:
         """The record that makes running ``spec`` again unnecessary, if any."""
         if self.rerun:
             return None
-        record = self.done.get((spec.kind, spec.config_hash, spec.repeat))
+        record = self.done.get(spec.key)
         if self.retry_failed and record and record.get("status") in ("failed", "oom"):
             return None
         return record
 
     def ended_ok(self, spec: RunSpec) -> bool:
         """Whether ``spec`` has a record, of this study or an earlier one, that ended ok."""
-        record = self.done.get((spec.kind, spec.config_hash, spec.repeat))
+        record = self.done.get(spec.key)
         return record is not None and record.get("status") == "ok"
 
-    def leave_out(self, spec: RunSpec, progress: Progress, why: str) -> None:
-        """Do not run ``spec`` (counted among the runs to run), and say why."""
-        progress.add_runs(-1)
+    def leave_out(self, spec: RunSpec, progress: Progress, why: str, counted: bool) -> None:
+        """Do not run ``spec``, and say why; ``counted``: it was among the runs to run."""
+        if counted:
+            progress.add_runs(-1)
         say(f"{spec.label}: not run: {why}")
 
     def baseline(self, model: Any) -> dict | None:
@@ -378,7 +379,7 @@ class Study:
         if prediction:
             record["prediction"] = prediction
         append_record(self.records_path, record)
-        self.done[(spec.kind, spec.config_hash, spec.repeat)] = record
+        self.done[spec.key] = record
         self.executed += 1
         self.failed += record["status"] != "ok"
         progress.update(1)
