@@ -55,8 +55,5 @@ def flop_counter(summary: Summary) -> Any:
     return summary._flop_counter
 
 
-def format_summary_table(total_parameters: int, trainable_parameters: int, model_size: float,
-                         total_training_modes: dict, total_flops: int, *summary_data: Any) -> str:
-    """Lightning's model summary table as text (``_format_summary_table``)."""
-    return _format_summary_table(total_parameters, trainable_parameters, model_size, total_training_modes,
-                                 total_flops, *summary_data)
+#: Lightning's model summary table as text.
+format_summary_table = _format_summary_table

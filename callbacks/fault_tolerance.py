@@ -116,10 +116,11 @@ class GracefulStop(Callback):
             self._stop_if_asked(trainer)
 
     def _stop_if_asked(self, trainer) -> None:
-        asked = torch.tensor(float(stop_signal() is not None), device=trainer.strategy.root_device)
+        asked = stop_signal() is not None
         if trainer.world_size > 1:  # every rank stops after the same step
-            asked = trainer.strategy.reduce(asked, reduce_op="sum")
-        if bool(asked > 0):
+            flag = torch.tensor(float(asked), device=trainer.strategy.root_device)
+            asked = bool(trainer.strategy.reduce(flag, reduce_op="sum") > 0)
+        if asked:
             _lightning.request_stop(trainer)  # Lightning raises SIGTERMException at the end of this batch
 
     def on_exception(self, trainer, pl_module, exception) -> None:
@@ -152,11 +153,10 @@ class GracefulStop(Callback):
 def _resume_command() -> str:
     """The command line that resumes this run: this one with ``--ckpt_path last``."""
     args = list(sys.argv[1:])
-    for flag in ("--ckpt_path",):
-        while flag in args:
-            at = args.index(flag)
-            del args[at:at + 2]
-        args = [a for a in args if not a.startswith(flag + "=")]
+    while "--ckpt_path" in args:
+        at = args.index("--ckpt_path")
+        del args[at:at + 2]
+    args = [a for a in args if not a.startswith("--ckpt_path=")]
     program = Path(sys.argv[0]).name if sys.argv else "main.py"
     if program != "main.py":
         return "the same command with --ckpt_path last"

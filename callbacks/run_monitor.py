@@ -25,6 +25,7 @@ from modelwright.record import (
     METRIC_KEYS,
     append_record,
     build_record,
+    provenance,
     remove_stale_temp_files,
     to_jsonable,
     write_record,
@@ -93,6 +94,7 @@ class RunMonitor(Callback):
         self._every = 1
         self._evaluation: contextlib.ExitStack | None = None
         self._done = False
+        self._fixed: dict[str, Any] | None = None  # the sections no write changes (_fixed_sections)
 
     # --- the fit's life -------------------------------------------------------------------------------------
 
@@ -108,6 +110,7 @@ class RunMonitor(Callback):
         self.run_id = self.run_id or os.environ.get("MODELWRIGHT_RUN_ID") or None
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self._fixed = None  # read again now that the network is on its device
         dataset = getattr(getattr(trainer, "train_dataloader", None), "dataset", None)
         self.probe.start(
             device=pl_module.device, precision=trainer.precision, modules=[pl_module],
@@ -141,7 +144,7 @@ class RunMonitor(Callback):
         self.probe.before_update(optimizer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        reading = self.probe.after_micro_batch(trainer.global_step)
+        reading = self.probe.after_micro_batch(trainer.global_step, self._every)
         # Lightning logs a step's train/* at its 0-based index when (index + 1) is a multiple of the interval.
         if reading is None or (reading.step + 1) % self._every:
             return
@@ -229,13 +232,20 @@ class RunMonitor(Callback):
             techniques["channels_last"] = hparams.get("channels_last")
         metrics = {key: _scalar(value) for key, value in trainer.callback_metrics.items()
                    if not key.startswith(("perf/", "mem/"))}
-        hardware = measure.hardware_info(pl_module.device, num_devices=trainer.num_devices)
         history = {key: list(points) for key, points in self._history.items()}
         record = build_record(loop="lightning", status=status, error=error, run_id=self.run_id, config=config,
-                              techniques=techniques, hardware=hardware, versions=measure.versions(),
-                              history=history, metrics=metrics, **sections)
+                              techniques=techniques, history=history, metrics=metrics,
+                              **self._fixed_sections(trainer, pl_module), **sections)
         self.run_id = record["run_id"]  # the same id for the record rewritten at the end
         return record
+
+    def _fixed_sections(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        """The machine, the versions and the commit, read once a fit has started: the record is rewritten
+        after every validation, inside the timed epoch, and the commit costs two git calls."""
+        if self._fixed is None:
+            hardware = measure.hardware_info(pl_module.device, num_devices=trainer.num_devices)
+            self._fixed = {"hardware": hardware, "versions": measure.versions(), "provenance": provenance()}
+        return self._fixed
 
     def _write_running(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The record so far, status ``running``: when training starts, after each validation and epoch. A run

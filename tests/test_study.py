@@ -255,7 +255,7 @@ def test_a_run_writes_its_prediction_before_it_starts(tmp_path, monkeypatch):
         seen["env"] = env["MODELWRIGHT_COMMAND"]
         log_path.write_text("")
         (log_path.parent / "record.json").write_text(json.dumps(_fake_record(8, 1, 1.0)))
-        return 0, False, 0.1
+        return runner.ChildResult(0, False, 0.1)
 
     monkeypatch.setattr(runner, "run_child", fake_child)
     record = study.run(spec, runner.Progress(1))

@@ -407,10 +407,11 @@ def build_record(*, loop: str = "lightning", status: str = "ok", error: str | No
                  **sections: Any) -> dict[str, Any]:
     """The one way to make a run record, whatever produced it: ``sections`` (top-level keys) of the schema are
     merged over their skeleton, so a writer gives only what it measured; with none, every key of the schema
-    and nothing measured. The default ``run_id`` sorts by time."""
+    and nothing measured. The default ``run_id`` sorts by time; ``provenance``, unless given, is read from
+    git."""
     run_id = run_id or f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     record = _as_dict(RunRecord(run_id=run_id, status=status, error=error, loop=loop, created_at=now_iso()))
-    record["provenance"] = provenance(command)
+    record["provenance"] = sections.pop("provenance", None) or provenance(command)
     for key, value in sections.items():
         merges = key not in ("config", "history") and isinstance(record.get(key), dict)
         if merges and isinstance(value, Mapping):

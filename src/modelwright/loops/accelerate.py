@@ -149,10 +149,10 @@ def train(run: Run, probe: measure.StepProbe, history: "History", model: ModelAr
                     run.scheduler.step()
                 step += 1
                 bar.update(1)
-            reading = probe.after_micro_batch(step)
+            reading = probe.after_micro_batch(step, trainer.log_every_n_steps)
             if reading is not None:
-                bar.set_postfix(loss=f"{loss.item():.3g}", refresh=False)
                 history.train_step(reading, loss, logits, y, model.num_classes, trainer.log_every_n_steps)
+                bar.set_postfix(loss=f"{history.last_train['train/loss']:.3g}", refresh=False)
             # Lightning validates after every val_check batch of an epoch (its last by default).
             if run.val_batches and (batch_idx + 1) % run.val_every == 0 and run.validates(epoch):
                 with probe.evaluating():
@@ -304,6 +304,7 @@ def finish(run: Run, probe: measure.StepProbe, history: History, config: dict, s
     if sections["faults"]["diverged"] and status != "interrupted":
         status = "diverged"
     world = accelerator.num_processes
+    local_devices = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     model = config["model"]
     techniques = {
         **sections.pop("techniques"),
@@ -313,9 +314,8 @@ def finish(run: Run, probe: measure.StepProbe, history: History, config: dict, s
         "checkpointed_segments": len(checkpointed_modules(run.plain)),
         "strategy": "ddp" if world > 1 else "single_device",
         "strategy_class": "DistributedDataParallel" if world > 1 else None,
-        "num_nodes": world // int(os.environ.get("LOCAL_WORLD_SIZE", world)),
+        "num_nodes": world // local_devices,
     }
-    local_devices = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     hardware = measure.hardware_info(accelerator.device, num_devices=local_devices)
     record = build_record(loop="accelerate", status=status, error=error, config=config, techniques=techniques,
                           hardware=hardware, versions=measure.versions(), metrics=history.final_metrics(),

@@ -32,8 +32,9 @@ def peak_memory_mib(device: torch.device | str | None) -> dict[str, float | None
     device = cuda_device(device)
     if device is None:
         return {"peak_allocated_mib": None, "peak_reserved_mib": None}
-    return {"peak_allocated_mib": torch.cuda.max_memory_allocated(device) / MIB,
-            "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / MIB}
+    stats = torch.cuda.memory_stats(device)  # what max_memory_allocated and max_memory_reserved each read
+    return {"peak_allocated_mib": stats.get("allocated_bytes.all.peak", 0) / MIB,
+            "peak_reserved_mib": stats.get("reserved_bytes.all.peak", 0) / MIB}
 
 
 def process_rss_peak_mib() -> float | None:

@@ -169,9 +169,7 @@ class StepProbe:
         ``main_process`` looks up the peak FLOP/s; ``reduce`` sums a tensor over the ranks; ``grad_scale``
         reads a GradScaler's scale; ``data``: tensors that are the data wherever the capture meets them (a
         dataset's)."""
-        meta_network = self._meta_network
         self._reset()
-        self._meta_network = meta_network
         self.device = torch.device(device)
         self.dtype = compute_dtype(precision)
         self.modules = list(modules)
@@ -239,9 +237,10 @@ class StepProbe:
             self._capture.optimizer_update()
         self.watch.before_update(optimizer, self.modules[0], self.reduce, self.grad_scale())
 
-    def after_micro_batch(self, step: int) -> StepReading | None:
+    def after_micro_batch(self, step: int, log_every: int = 1) -> StepReading | None:
         """After each training micro-batch; ``step``: the optimizer steps taken now. A :class:`StepReading`
-        when this micro-batch closed an optimizer step; raises :class:`~.divergence.NonFiniteLossError` under
+        when this micro-batch closed an optimizer step, with scalars on every ``log_every``-th step (0-based
+        index + 1 a multiple, as Lightning logs); raises :class:`~.divergence.NonFiniteLossError` under
         ``on_nonfinite: stop``."""
         closed = self.cycle.end(step)
         self.watch.after_micro_batch(self.reduce, self.grad_scale())
@@ -250,10 +249,13 @@ class StepProbe:
         disturbed = self._capture is not None or self._evaluated_in_step
         measured = self.timer.in_window() and not disturbed
         self.timer.stop(exclude=disturbed)
-        scalars = self._step_scalars(self.timer.last_s()) if measured else {}
+        logged = (self.cycle.step + 1) % log_every == 0  # reading a CUDA step's time waits for the device
+        scalars = self._step_scalars(self.timer.last_s()) if measured and logged else {}
         if self._capture is not None:
             self._end_capture()
-        scalars.update(self._memory_scalars())
+        self._update_peaks()
+        if logged:
+            scalars.update(self._memory_scalars())
         if self._epoch is not None:
             self._epoch.steps += 1
         return StepReading(self.cycle.step, scalars)
@@ -269,12 +271,15 @@ class StepProbe:
             scalars["perf/mfu"] = utilization
         return scalars
 
-    def _memory_scalars(self) -> dict[str, float]:
+    def _update_peaks(self) -> None:
+        """The allocator's peaks as the window's steps close (CUDA; None on a CPU)."""
         if self.window.in_window(self.cycle.cycles - 1):
             peaks = peak_memory_mib(self.device)
-            if peaks["peak_allocated_mib"] is not None:  # CUDA
+            if peaks["peak_allocated_mib"] is not None:
                 self.peak_allocated_mib = peaks["peak_allocated_mib"]
                 self.peak_reserved_mib = peaks["peak_reserved_mib"]
+
+    def _memory_scalars(self) -> dict[str, float]:
         scalars = {"mem/process_rss_peak_mib": process_rss_peak_mib()}
         if self.peak_allocated_mib is not None:
             scalars["mem/peak_allocated_mib"] = self.peak_allocated_mib

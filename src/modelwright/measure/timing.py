@@ -113,7 +113,8 @@ class StepTimer:
         return list(self._durations_s)
 
     def last_s(self) -> float | None:
-        return self.durations_s[-1] if self.durations_s else None
+        durations = self.durations_s
+        return durations[-1] if durations else None
 
     def median_s(self) -> float | None:
         return percentile(self.durations_s, 50) if self.durations_s else None

@@ -169,8 +169,7 @@ def cannot_split(spec: JobSpec, strategy: str, devices: int, assumptions: Assump
     return None
 
 
-def comm_bytes_per_step(spec: JobSpec, strategy: str, devices: int,
-                        assumptions: Assumptions | None = None) -> float:
+def comm_bytes_per_step(spec: JobSpec, strategy: str, devices: int) -> float:
     """Bytes one rank sends per optimizer step (Ψ params, c grad bytes and w weight bytes on the wire, r
     micro-batches): DP ``2cΨ(N-1)/N`` (``no_sync`` while accumulating); ZeRO-1 ``(c+w)Ψ(N-1)/N``; ZeRO-2
     ``(rc+w)Ψ(N-1)/N``; ZeRO-3/FSDP ``r(2w+c)Ψ(N-1)/N`` with w = 2 under mixed precision (FSDP gathers
@@ -225,7 +224,7 @@ class CommTime(NamedTuple):
 def communication_time(spec: JobSpec, strategy: str, devices: int, assumptions: Assumptions,
                        compute_s: float) -> CommTime:
     """The step's communication time and what of it backward cannot hide."""
-    comm_bytes = comm_bytes_per_step(spec, strategy, devices, assumptions)
+    comm_bytes = comm_bytes_per_step(spec, strategy, devices)
     if devices == 1:
         return CommTime(0.0, 0.0)
     bandwidth_s = comm_bytes / (assumptions.bandwidth(devices) * 1e9)  # bus bandwidth in GB/s
@@ -326,7 +325,7 @@ def predict_step(spec: JobSpec, strategy: str, devices: int,
     bubble = compute.bubble_of_compute
     return StepPrediction(
         strategy=strategy, devices=devices, memory_mib=memory,
-        comm_bytes=comm_bytes_per_step(spec, strategy, devices, assumptions), comm_s=comm.total_s,
+        comm_bytes=comm_bytes_per_step(spec, strategy, devices), comm_s=comm.total_s,
         comm_exposed_s=comm.exposed_s, bubble_of_compute=bubble, bubble_of_step=bubble / (1 + bubble),
         step_s=step_s, samples_per_step=compute.samples,
         samples_per_s=compute.samples / step_s if step_s > 0 else math.inf,

@@ -8,7 +8,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from modelwright import REPO_ROOT
+from modelwright import REPO_ROOT, repo_path
 from modelwright.errors import require
 from modelwright.fmt import table
 from modelwright.record import write_text_atomic
@@ -116,9 +116,7 @@ def report(results: Path | None = None, readme: Path = Path("README.md"), docs: 
     require(bool(folders),
             f"{results}: no <hardware>/records.jsonl (run `python -m modelwright study` first)")
     written = [path for folder in folders for path in generate(folder, plots=plots, allow_mixed=allow_mixed)]
-    readme = Path(readme)
-    if not readme.is_absolute() and not readme.exists():
-        readme = REPO_ROOT / readme
+    readme = repo_path(readme)
     documents = sorted((readme.parent / "docs").glob("*.md")) if docs else []
     marked = [doc for doc in documents if ":start -->" in doc.read_text("utf-8")]
     written += update([readme, *marked], results, allow_mixed)

@@ -349,5 +349,13 @@ def cpu_defaults_text(result: Mapping) -> str:
 
 
 def update(docs: list[Path], results: Path, allow_mixed: bool = False) -> list[Path]:
-    """Fill the sections of each document; returns those that changed."""
-    return [doc for doc in docs if write_sections(doc, Sections(results, doc.parent.resolve(), allow_mixed))]
+    """Fill the sections of each document; returns those that changed. The records are read once, for all."""
+    if not docs:
+        return []
+    sections = Sections(results, docs[0].parent.resolve(), allow_mixed)
+    changed = []
+    for doc in docs:
+        sections.doc_dir = doc.parent.resolve()  # what links are relative to
+        if write_sections(doc, sections):
+            changed.append(doc)
+    return changed

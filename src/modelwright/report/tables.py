@@ -9,11 +9,9 @@ from modelwright import planner
 from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
 from modelwright.planner.prices import GPU_NAMES, MachinePrice, machine_price
 from modelwright.record import get_path
-from modelwright.study_rows import LOSS_STEPS, BudgetRow, Row, div, peak_mib, provenance_group
+from modelwright.study_rows import LOSS_STEPS, BudgetRow, Row, div, provenance_group
 
-# study/budget.py and its tests read a record's measured peak from here.
-__all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "peak_mib", "scaleout_table",
-           "setup_text"]
+__all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "scaleout_table", "setup_text"]
 #: airbench's "standard ResNet-18" baseline on one A100 (Keller Jordan, airbench README, 2024): 32.3 PFLOP in
 #: 7 min. The scale-out table's GPU step is a record's FLOPs at that rate: an estimate, never a measurement.
 PUBLISHED_A100_FLOPS_PER_S = 32.3e15 / (7 * 60)

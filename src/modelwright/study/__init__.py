@@ -43,8 +43,6 @@ from modelwright.study.runner import DONE_STATUSES, Progress, Study, say, study_
 
 __all__ = ["DONE_STATUSES", "hardware_slug", "patch_callbacks", "resolve_config", "study"]
 
-#: The vector instruction sets a CPU slug names, best first.
-
 
 def slugify(text: str) -> str:
     text = re.sub(r"\((r|tm|c)\)|\b(cpu|processor|with|radeon graphics)\b|@.*$", " ", text, flags=re.I)

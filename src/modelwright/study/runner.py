@@ -368,8 +368,8 @@ class Study:
         # MODELWRIGHT_COMMAND: the command that reproduces the record is the study's, not the child's
         env = dict(os.environ, MODELWRIGHT_RUN_ID=run_id, MODELWRIGHT_COMMAND=" ".join(self.cmd),
                    PYTHONUNBUFFERED="1")
-        child = ChildResult(*run_child(args, run_dir / "output.log", env, self.run_timeout_s,
-                                       lambda seconds: progress.set_postfix_str(fmt.duration(seconds))))
+        child = run_child(args, run_dir / "output.log", env, self.run_timeout_s,
+                          lambda seconds: progress.set_postfix_str(fmt.duration(seconds)))
         output = (run_dir / "output.log").read_text(encoding="utf-8", errors="replace")
         record = self._child_record(spec, run_dir, child, output, run_id)
         record["study"] = self._study_facts(spec, args, child)
