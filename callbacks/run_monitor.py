@@ -20,7 +20,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from callbacks import _lightning
 from callbacks._glue import log_every, log_scalars, quiet_lightning, unwrap_net
-from modelwright import measure
+from modelwright import measure, techniques
 from modelwright.record import (
     METRIC_KEYS,
     append_record,
@@ -31,7 +31,6 @@ from modelwright.record import (
     write_record,
 )
 from modelwright.report.run_summary import summary_lines, write_tensorboard
-from modelwright.train.models import checkpointed_modules
 
 # Others: the class name less "Strategy", lower case.
 _STRATEGY_NAMES = {"SingleDeviceStrategy": "single_device", "ModelParallelStrategy": "model_parallel",
@@ -212,29 +211,19 @@ class RunMonitor(Callback):
             status = "diverged"
         config = _resolved_config(trainer, pl_module)
         requested = (config.get("trainer") or {}).get("precision")
-        hparams = dict(pl_module.hparams)
         strategy = type(trainer.strategy).__name__
-        techniques = {
-            **sections.pop("techniques"),
-            "model_name": hparams.get("model_name"),
-            "optimizer": hparams.get("optimizer"),
-            "precision": str(trainer.precision),
-            "precision_requested": None if requested is None else str(requested),
-            "gradient_checkpointing": hparams.get("gradient_checkpointing"),
-            "checkpointed_segments": len(checkpointed_modules(unwrap_net(pl_module))),
-            "strategy": _STRATEGY_NAMES.get(strategy, strategy.removesuffix("Strategy").lower()),
-            "strategy_class": strategy,
-            "world_size": trainer.world_size,
-            "num_nodes": trainer.num_nodes,
-            "accumulate_grad_batches": trainer.accumulate_grad_batches,
-        }
-        if techniques["channels_last"] is None:  # sharded weights cannot be read: what the config asked for
-            techniques["channels_last"] = hparams.get("channels_last")
+        loop = techniques.LoopFacts(
+            precision=str(trainer.precision), precision_requested=None if requested is None else str(requested),
+            accumulate_grad_batches=trainer.accumulate_grad_batches,
+            strategy=_STRATEGY_NAMES.get(strategy, strategy.removesuffix("Strategy").lower()),
+            strategy_class=strategy, world_size=trainer.world_size, num_nodes=trainer.num_nodes)
+        section = techniques.record_section(getattr(pl_module, "args", None), unwrap_net(pl_module), loop,
+                                            sections.pop("techniques"))
         metrics = {key: _scalar(value) for key, value in trainer.callback_metrics.items()
                    if not key.startswith(("perf/", "mem/"))}
         history = {key: list(points) for key, points in self._history.items()}
         record = build_record(loop="lightning", status=status, error=error, run_id=self.run_id, config=config,
-                              techniques=techniques, history=history, metrics=metrics,
+                              techniques=section, history=history, metrics=metrics,
                               **self._fixed_sections(trainer, pl_module), **sections)
         self.run_id = record["run_id"]  # the same id for the record rewritten at the end
         return record

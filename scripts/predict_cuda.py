@@ -1,19 +1,18 @@
-"""Each default-study row's peak on one H200, predicted before any GPU run from the committed CPU profile.
+"""Each default-study row's peak on one H200, predicted before any GPU run from its step rehearsed here.
 
 To run: ``uv run python scripts/predict_cuda.py`` writes
 ``results/cuda-nvidia-h200/predicted-before-gpu.json`` and a table of it, ``predicted-before-gpu.md``;
 ``--check`` predicts again and exits 1 where a figure differs from the committed file. The rows are the
-plan's, resolved as the study resolves them on CUDA with the GPU run's window (``scripts/gpu_run.sh``); the
-model is :mod:`modelwright.planner.cuda` (docs/gpu.md).
+plan's, resolved as the study resolves them on CUDA with the GPU run's window (``scripts/gpu_run.sh``), each
+step rehearsed on this machine's CPU with CUDA's optimizer kernel (foreach); the tensors alive at its peak go
+through :mod:`modelwright.planner.cuda` (docs/gpu.md).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,18 +21,17 @@ if str(REPO_ROOT / "src") not in sys.path:  # `modelwright` without an install (
     sys.path.insert(0, str(REPO_ROOT / "src"))
 
 from modelwright.errors import ConfigError, require  # noqa: E402
-from modelwright.planner import cuda  # noqa: E402
-from modelwright.planner.memory import config_value  # noqa: E402
+from modelwright.planner import cuda, memory  # noqa: E402
 from modelwright.record import get_path, now_iso, provenance, write_text_atomic  # noqa: E402
+from modelwright.techniques import precision  # noqa: E402
 
-PROFILE = "results/cpu-amd-epyc-avx2-2cores/profile.json"
 PLAN = "configs/study/plan_default.yaml"
 SLUG = "cuda-nvidia-h200"
 GPU_STEPS = 200  # the measured steps scripts/gpu_run.sh asks of every row
 BUDGET_GIB = 40  # its --budget_gib
 #: What the memory model reads of a resolved config: the row's config in the file.
 CONFIG_KEYS = ("trainer.accelerator", "trainer.precision", "trainer.accumulate_grad_batches",
-               "trainer.devices", "data.batch_size", "model.model_name", "model.optimizer",
+               "trainer.devices", "data.batch_size", "model.network.class_path", "model.optimizer",
                "model.optimizer_impl", "model.momentum", "model.gradient_checkpointing",
                "model.channels_last")
 GPU_DIFFERENCES = (
@@ -64,31 +62,8 @@ COMPARISON = (
     "cache go).")
 
 
-def git_output(*args: str) -> str | None:
-    result = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=False)
-    return result.stdout.strip() if result.returncode == 0 else None
-
-
-def profile_source(path: Path) -> tuple[dict, dict]:
-    """The profile record and where it came from: its file, run, hash and the commit that last changed it."""
-    require(path.is_file(), f"--profile: no such file {str(path)!r}")
-    text = path.read_bytes()
-    try:
-        record = json.loads(text)
-    except ValueError as err:
-        raise ConfigError(f"--profile: {str(path)!r} is not JSON ({err})") from None
-    require(isinstance(record, dict) and "profile" in record,
-            f"--profile: {str(path)!r} holds no 'profile' section")
-    relative = path.resolve().relative_to(REPO_ROOT).as_posix() if path.resolve().is_relative_to(REPO_ROOT) \
-        else str(path)
-    source = {"path": relative, "run_id": record.get("run_id"), "sha256": hashlib.sha256(text).hexdigest(),
-              "recorded_at_commit": get_path(record, "provenance.commit"),
-              "file_commit": git_output("log", "-1", "--format=%H", "--", relative)}
-    return record, source
-
-
 def row_configs(plan_path: Path) -> list[tuple[str, dict | None, str | None]]:
-    """Each plan row as the study resolves it on CUDA: (name, the model's keys, why not predicted)."""
+    """Each plan row as the study resolves it on CUDA: (name, its resolved config, why not predicted)."""
     from modelwright.study import plan as study_plan  # loads Lightning: only here
 
     plan = study_plan.load_plan(plan_path)
@@ -99,56 +74,63 @@ def row_configs(plan_path: Path) -> list[tuple[str, dict | None, str | None]]:
         if entry.accelerators and "cuda" not in entry.accelerators:
             continue
         resolved = study_plan.build_spec(entry, index, settings).resolved
-        config = {key: config_value(resolved, key) for key in CONFIG_KEYS}
         devices = study_plan.world_size(resolved)
         why = f"{devices} processes on {devices} GPUs; the lent machine has one H200" if devices > 1 else None
-        rows.append((entry.name, config, why))
+        rows.append((entry.name, resolved, why))
     return rows
 
 
-def budget_prediction(profile: dict, name: str, config: dict, resident: cuda.Resident) -> dict:
+def on_this_cpu(resolved: dict) -> dict:
+    """A CUDA row rehearsed on this machine's CPU: CUDA's AdamW kernel (``auto`` is foreach for CUDA
+    parameters), no GPU asked for."""
+    kernel = get_path(resolved, "model.optimizer_impl")
+    values = {"trainer.accelerator": "cpu", "model.optimizer_impl": "foreach" if kernel == "auto" else kernel}
+    return memory.with_values(resolved, values)
+
+
+def budget_prediction(name: str, resolved: dict) -> dict:
     """The largest micro-batch (no accumulation, as in the study's budget runs) under the budget, and its
     peak."""
-    plain = {**config, "trainer.accumulate_grad_batches": 1}
-    batch = cuda.largest_cuda_batch(profile, plain, resident, BUDGET_GIB * 1024)
-    peak = cuda.predict_cuda_peak(profile, {**plain, "data.batch_size": batch}, resident)
+    plain = memory.with_values(resolved, {"trainer.accumulate_grad_batches": 1})
+    rehearsal = memory.rehearsal(on_this_cpu(plain))
+    name_of = precision(get_path(plain, "trainer.precision")).name
+    batch = cuda.largest_cuda_batch(rehearsal, name_of, BUDGET_GIB * 1024)
+    peak = cuda.predict_cuda_peak(rehearsal, batch, name_of)
     return {"run": name, "largest_batch": batch, "allocated_mib": peak.allocated_mib,
             "allocated_upper_mib": peak.allocated_upper_mib}
 
 
-def predictions(profile: dict, rows: list[tuple[str, dict | None, str | None]],
-                budget_runs: list[str]) -> dict:
+def predictions(rows: list[tuple[str, dict | None, str | None]], budget_runs: list[str]) -> dict:
     """The file's figures: a prediction per one-GPU row, the budget rows, the rows not predicted."""
-    residents = {}
     predicted, budget, not_predicted = [], [], []
-    for name, config, why in rows:
+    for name, resolved, why in rows:
         if why is not None:
             not_predicted.append({"run": name, "why": why})
             continue
-        model = str(config["model.model_name"])
-        resident = residents.setdefault(model, cuda.resident_of(model))
-        peak = cuda.predict_cuda_peak(profile, config, resident)
-        predicted.append({"run": name, "config": config, **cuda.peak_json(peak)})
+        rehearsal = memory.rehearsal(on_this_cpu(resolved))
+        peak = cuda.predict_cuda_peak(rehearsal, int(get_path(resolved, "data.batch_size")),
+                                      precision(get_path(resolved, "trainer.precision")).name)
+        config = {key: get_path(resolved, key) for key in CONFIG_KEYS}
+        predicted.append({"run": name, "config": config, "rehearsal": rehearsal.json(), **cuda.peak_json(peak)})
         if name in budget_runs:
-            budget.append(budget_prediction(profile, name, config, resident))
+            budget.append(budget_prediction(name, resolved))
     not_predicted.append({"run": "fsdp2 (configs/study/plan_extra.yaml)",
                           "why": "2 processes on 2 GPUs; plan_extra is not in the one GPU call either"})
     return {"rows": predicted, "budget": {"gib": BUDGET_GIB, "rows": budget}, "not_predicted": not_predicted}
 
 
-def document(profile_path: Path, plan_path: Path) -> dict:
+def document(plan_path: Path) -> dict:
     from modelwright.study import plan as study_plan
 
-    profile, source = profile_source(profile_path)
-    figures = predictions(profile, row_configs(plan_path), study_plan.load_plan(plan_path).budget_runs)
+    figures = predictions(row_configs(plan_path), study_plan.load_plan(plan_path).budget_runs)
     return {
-        "what": "Each default-study row's CUDA peak on one NVIDIA H200, predicted from a CPU profile before "
-                "any GPU run (the GPU records of results/cuda-nvidia-h200/ come after this file's commit).",
+        "what": "Each default-study row's CUDA peak on one NVIDIA H200, predicted from its step rehearsed on a "
+                "CPU before any GPU run (the GPU records of results/cuda-nvidia-h200/ come after this file's "
+                "commit).",
         "predicted_by": {**provenance(["python", "scripts/predict_cuda.py"]), "created_at": now_iso()},
-        "profile": source,
         "settings": {"plan": PLAN, "slug": SLUG, "accelerator": "cuda", "devices": 1,
                      "warmup_steps": 3, "measured_steps": GPU_STEPS, "budget_gib": BUDGET_GIB},
-        "bases": {"modelled": "from the profile, the model's definition and the allocator's rules",
+        "bases": {"modelled": "from the rehearsed step's tensors and the allocator's rules",
                   "assumed": "a stated fact with its source", "guessed": "no source: a range to measure"},
         "allocator": {"source": cuda.ALLOCATOR_SOURCE, "min_block_bytes": cuda.MIN_BLOCK,
                       "small_request_max_bytes": cuda.SMALL_SIZE, "small_segment_bytes": cuda.SMALL_SEGMENT,
@@ -170,9 +152,9 @@ def figures_of(predicted: dict) -> dict:
 
 def markdown(predicted: dict) -> str:
     lines = [f"# Predicted before any GPU run: {predicted['settings']['slug']}", "",
-             f"Written by `python scripts/predict_cuda.py` at commit `{predicted['predicted_by']['commit']}` "
-             f"from `{predicted['profile']['path']}` (run {predicted['profile']['run_id']}); the figures and "
-             "what each rests on: [predicted-before-gpu.json](predicted-before-gpu.json).", "",
+             f"Written by `python scripts/predict_cuda.py` at commit `{predicted['predicted_by']['commit']}`, "
+             "each row's step rehearsed on a CPU; the figures and what each rests on: "
+             "[predicted-before-gpu.json](predicted-before-gpu.json).", "",
              "| run | tensors MiB (modelled) | beside tensors MiB (assumed, guessed) | allocated MiB | "
              "with cuDNN's guessed workspace | reserved floor MiB |", "|:--|--:|--:|--:|--:|--:|"]
     for row in predicted["rows"]:
@@ -207,7 +189,6 @@ def differences(expected: object, actual: object, where: str = "") -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--profile", type=Path, default=REPO_ROOT / PROFILE)
     parser.add_argument("--plan", type=Path, default=REPO_ROOT / PLAN)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "results" / SLUG)
     parser.add_argument("--check", action="store_true", help="compare with the committed file; write nothing")
@@ -215,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     target = args.out / "predicted-before-gpu.json"
     try:
         require(not args.check or target.is_file(), f"--out: no {target} to check")
-        fresh = document(args.profile, args.plan)
+        fresh = document(args.plan)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,6 +1,8 @@
 """modelwright: what mixed precision, accumulation, checkpointing and parallelism buy, measured (README.md:
 layout)."""
 
+import os
+import sys
 from pathlib import Path
 
 from modelwright.errors import ConfigError
@@ -8,6 +10,14 @@ from modelwright.errors import ConfigError
 #: The project's checkout: configs/, results/ and README.md are read and written relative to it.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
+
+
+def importable_working_folder() -> None:
+    """Let a config name classes in the working folder's own files (``class_path: my_net.Net``), as ``python
+    -m`` does; ``main.py`` puts only its own folder on the path."""
+    folder = os.getcwd()
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
 
 
 def repo_path(path: str | Path) -> Path:

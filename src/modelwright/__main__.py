@@ -14,7 +14,7 @@ from typing import Any
 
 from jsonargparse import auto_parser
 
-from modelwright import repo_path, resolve_config_args
+from modelwright import importable_working_folder, repo_path, resolve_config_args
 from modelwright.errors import ConfigError, one_line
 from modelwright.inputs import require_creatable_folder, require_file, require_folder
 
@@ -82,14 +82,17 @@ def _description(function: Any) -> str:
 
 def run_tool(name: str, argv: list[str]) -> Any:
     """Parse ``argv`` for tool ``name``, check what it names, then run it; returns what the tool returns."""
+    importable_working_folder()  # a config may name classes in the working folder's files
     module = importlib.import_module(TOOLS[name])
     function = getattr(module, name)
-    # accelerate reads the training configs: --config amp is configs/amp.yaml, as for main.py
-    argv = resolve_config_args(argv, training=name == "accelerate")
-    # PARSER_KWARGS: e.g. the Accelerate loop's default config file
+    if name == "accelerate":  # main.py fit's arguments, read by main.py fit's parser
+        if argv[:1] in (["-h"], ["--help"]):
+            print(module.USAGE)
+            return 0
+        return function(argv)
+    argv = resolve_config_args(argv, training=False)
     parser = auto_parser(function, prog=f"python -m modelwright {name}", exit_on_error=False,
-                         allow_abbrev=False, description=_description(function),
-                         **getattr(module, "PARSER_KWARGS", {}))
+                         allow_abbrev=False, description=_description(function))
     parsed = parser.parse_args(argv)
     check_paths(name, parsed)
     arguments = vars(parser.instantiate(parsed))

@@ -21,10 +21,12 @@ from typing import Any, BinaryIO
 
 from modelwright import REPO_ROOT
 
-#: 2: the timing of whole epochs and the CPU time, ``hardware.vector_isa``, the ``running`` status. Records of
-#: version 1 are still read: every key they have means what it meant.
-SCHEMA_VERSION = 2
-SCHEMA_VERSIONS = (1, SCHEMA_VERSION)
+#: 2: the timing of whole epochs and the CPU time, ``hardware.vector_isa``, the ``running`` status. 3: the
+#: network by class path, the fine-tune (``init_weights``, ``frozen``, ``trainable_parameters``), the
+#: checkpointing policy's name, ``config.model``/``config.data`` as class path and init_args. Records of
+#: versions 1 and 2 are still read: every key they have means what it meant.
+SCHEMA_VERSION = 3
+SCHEMA_VERSIONS = (1, 2, SCHEMA_VERSION)
 #: Bumped when what a figure means changes (the MFU peak, the anatomy categories): records of different
 #: definitions are not put in one table. 3: MFU against the hardware peak; inputs and comm_buffers categories.
 #: 4: ``timing.epoch_time_s`` measured (it was steps × the median step), the history at 0-based step indices.
@@ -48,13 +50,22 @@ def _field(doc: str, unit: str | None = None, *, choices: tuple | None = None, s
 class Techniques:
     """The techniques **as applied** (read from the run, not only the config)."""
 
-    model_name: str | None = _field("Network: resnet18, smallcnn, vit.")
+    model_name: str | None = _field("Network's short name: resnet18, smallcnn, vit, else its class name.")
+    network: str | None = _field("The network's class path.", optional=True)
     precision: str | None = _field(
         "Precision as applied, e.g. bf16-mixed (Lightning turns 16-mixed into bf16 on CPU).")
     precision_requested: str | None = _field("Precision as configured; null if unknown.")
     accumulate_grad_batches: int | None = _field("Micro-batches per optimizer step.")
-    gradient_checkpointing: str | None = _field("Checkpoint granularity: off, stage or block.")
-    optimizer: str | None = _field("Optimizer as configured: adamw, sgd.")
+    gradient_checkpointing: str | None = _field(
+        "Checkpointing policy: off, children, a policy the network names (stage, block), or module classes "
+        "and names joined by +.")
+    checkpointed_segments: int | None = _field("Modules recomputed in backward.", "modules", optional=True)
+    init_weights: str | None = _field("The weights file the run started from (its name); null: none.",
+                                      optional=True)
+    frozen: list | None = _field("Parameter-name prefixes trained no further.", optional=True)
+    trainable_parameters: int | None = _field("Parameters (elements) that train.", "parameters", optional=True)
+    optimizer: str | None = _field("Optimizer as configured: adamw, sgd, adafactor; null: the "
+                                   "LightningModule's own.")
     optimizer_impl: str | None = _field(
         "Optimizer class that ran and its kernel: [for-loop], [foreach] or [fused].")
     channels_last: bool | None = _field("Whether conv weights are in channels_last memory format.")
@@ -347,8 +358,12 @@ def check_record(record: Any) -> Any:
 
 
 def get_path(mapping: Any, path: str, default: Any = None) -> Any:
-    """``mapping["a"]["b"]`` for ``path`` ``"a.b"``; ``default`` where a part is missing."""
+    """``mapping["a"]["b"]`` for ``path`` ``"a.b"``; ``default`` where a part is missing. A section given by
+    class path (``{"class_path": ..., "init_args": {...}}``, as LightningCLI resolves ``model`` and
+    ``data``) is read through its ``init_args``: ``model.lr`` is ``model.init_args.lr``."""
     for part in path.split("."):
+        if isinstance(mapping, Mapping) and part not in mapping and isinstance(mapping.get("init_args"), Mapping):
+            mapping = mapping["init_args"]
         if not isinstance(mapping, Mapping) or part not in mapping:
             return default
         mapping = mapping[part]

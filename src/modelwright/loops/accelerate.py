@@ -1,4 +1,7 @@
-"""The training of ``main.py fit`` as one plain PyTorch loop driven by Hugging Face Accelerate; no Lightning.
+"""The training of ``main.py fit`` as one plain PyTorch loop driven by Hugging Face Accelerate, without
+Lightning's Trainer: the job is read and built as ``main.py fit`` builds it (:func:`~modelwright.train.cli
+.build_job`), its LightningModule holding the network and the techniques' arguments, its data module giving
+the loaders.
 
 To run: ``uv run python -m modelwright accelerate --config configs/amp.yaml`` (N processes:
 docs/accelerate.md). The loop reads like Accelerate's ``examples/by_feature`` scripts: the forward, backward
@@ -9,34 +12,34 @@ hooks around them.
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
-from accelerate.utils import broadcast_object_list, set_seed
+from accelerate.utils import broadcast_object_list
 from torch.utils.data import DataLoader
 from torchmetrics.functional.classification import multiclass_accuracy
 from tqdm import tqdm
 
-from modelwright import CONFIGS_DIR, measure
+from modelwright import measure, techniques
 from modelwright.errors import require
-from modelwright.precision import precision as precision_of
 from modelwright.record import build_record, write_record
 from modelwright.report.run_summary import summary_lines, write_tensorboard
-from modelwright.train.args import DataArgs, ModelArgs, TrainerArgs, limited_batches
+from modelwright.techniques import precision as precision_of
+from modelwright.train.args import DataArgs, ImageFolderArgs, ModelArgs, TrainerArgs, limited_batches
 from modelwright.train.checks import check_accelerate_run
-from modelwright.train.datasets import image_datasets, image_loader
-from modelwright.train.models import apply_gradient_checkpointing, build_model, checkpointed_modules
-from modelwright.train.optim import build_optimizer, build_scheduler
+from modelwright.train.cli import build_job
+from modelwright.train.module import ImageClassifier
+from modelwright.train.optim import build_scheduler
 from modelwright.train.runtime import set_cpu_malloc
 
-#: What ``python -m modelwright accelerate`` gives jsonargparse: base.yaml under every ``--config``.
-PARSER_KWARGS = {"default_config_files": [str(CONFIGS_DIR / "base.yaml")]}
+#: The ``trainer:`` keys the loop reads (:class:`TrainerArgs`); the rest of Lightning's are ignored.
+TRAINER_KEYS = {argument.name for argument in fields(TrainerArgs)}
 
 
 @dataclass
@@ -60,41 +63,50 @@ class Run:
     total_steps: int
     check_val_every_n_epoch: int
     run_dir: Path
+    num_classes: int
+    args: ModelArgs
 
     def validates(self, epoch: int) -> bool:
         """Whether epoch ``epoch`` (0-based) validates."""
         return (epoch + 1) % self.check_val_every_n_epoch == 0
 
 
-def accelerate(  # the defaults are instances: jsonargparse reads their fields as the sections' defaults
-    model: ModelArgs = ModelArgs(),  # noqa: B008
-    data: DataArgs = DataArgs(),  # noqa: B008
-    trainer: TrainerArgs = TrainerArgs(),  # noqa: B008
-    seed_everything: int = 0,
-    cpu_malloc: Literal["retain", "system"] = "retain",
-    warmup_steps: int = 2,
-    out: str = "lightning_logs",
-):
-    """Train as ``main.py fit`` does, in a plain Accelerate loop, and write the run record (``loop:
-    accelerate``) to ``<out>/<trainer.logger.init_args.name>/accelerate/version_N/record.json``, the next free
-    N. Returns the trained network (unwrapped) and the run record, on every process.
+#: The Accelerate loop's own arguments, beside every argument of ``main.py fit``.
+EXTRA_ARGUMENTS = {
+    "warmup_steps": (int, 2, "optimizer steps left out of timing and memory peaks; the next one's anatomy is "
+                             "captured"),
+    "out": (str, "lightning_logs", "the folder that holds <name>/accelerate/version_N (Lightning's save_dir)"),
+}
+USAGE = """usage: python -m modelwright accelerate [--config FILE ...] [--key=value ...] [--warmup_steps N] [--out DIR]
 
-    Args:
-        model: the network, optimizer and schedule (ImageClassifier's arguments).
-        data: the data (ImageDataModule's arguments).
-        trainer: precision, accumulation, length, validation cadence; Lightning's plumbing keys are ignored.
-        seed_everything: seeds Python, numpy and torch before the network is built, as LightningCLI does.
-        cpu_malloc: ``retain``: glibc malloc keeps freed memory for the next step (modelwright.train.runtime).
-        warmup_steps: optimizer steps left out of timing and memory peaks; the next one's anatomy is captured.
-        out: the folder that holds ``<name>/accelerate/version_N`` (Lightning's ``save_dir``).
-    """
-    check_accelerate_run(data, trainer, out)  # what main.py fit checks, before any work (train/checks.py)
-    require(warmup_steps >= 0, f"warmup_steps: must be >= 0, got {warmup_steps}")
-    config = {"seed_everything": seed_everything, "cpu_malloc": cpu_malloc, "warmup_steps": warmup_steps,
-              "model": asdict(model), "data": asdict(data), "trainer": asdict(trainer)}
-    set_cpu_malloc(cpu_malloc)
-    run = prepare(model, data, trainer, seed_everything, out)
-    probe = measure.StepProbe(warmup_steps)
+Train as `main.py fit` does, in a plain Hugging Face Accelerate loop, and write the run record (loop:
+accelerate) to <out>/<trainer.logger.init_args.name>/accelerate/version_N/record.json, the next free N. The
+job is read as main.py fit reads it (configs/base.yaml first, then each --config, then the flags; `uv run
+main.py fit --help` lists them): the network and the techniques of model:, any data module under data:, and
+of trainer: precision, accumulation, length, validation cadence, gradient clipping (Lightning's plumbing keys
+are accepted and ignored). The data module's loaders must give (inputs, labels) batches.
+
+  --warmup_steps N   optimizer steps left out of timing and memory peaks (default 2)
+  --out DIR          the folder that holds <name>/accelerate/version_N (default lightning_logs)
+"""
+
+
+def accelerate(argv: list[str]) -> tuple[torch.nn.Module, dict]:
+    """Train the job ``argv`` describes (:data:`USAGE`) in a plain Accelerate loop; returns the trained
+    network (unwrapped) and the run record, on every process."""
+    job = build_job(argv, EXTRA_ARGUMENTS)
+    require(isinstance(job.model, ImageClassifier), f"model: the accelerate loop trains the project's "
+            f"ImageClassifier (any network under model.network), not {type(job.model).__name__}; a "
+            "LightningModule of your own trains with main.py fit")
+    config = job.config
+    trainer = TrainerArgs(**{key: value for key, value in config["trainer"].items() if key in TRAINER_KEYS})
+    data_args = getattr(job.datamodule, "args", None)
+    check_accelerate_run(data_args if isinstance(data_args, (DataArgs, ImageFolderArgs)) else None, trainer,
+                         config["out"])
+    require(config["warmup_steps"] >= 0, f"warmup_steps: must be >= 0, got {config['warmup_steps']}")
+    set_cpu_malloc(config["cpu_malloc"])
+    run = prepare(job.model, job.datamodule, trainer, config["out"])
+    probe = measure.StepProbe(config["warmup_steps"])
     probe.prepare(run.plain)
     accelerator = run.accelerator
     with accelerator.main_process_first():  # one process per machine measures the CPU clock; the rest read it
@@ -107,7 +119,7 @@ def accelerate(  # the defaults are instances: jsonargparse reads their fields a
     history = History(run.accelerator)
     status, error = "ok", None
     try:
-        train(run, probe, history, model, trainer)
+        train(run, probe, history, job.model.args, trainer)
     except BaseException as err:
         status, error = measure.error_status(err), measure.one_line_error(err)
         raise
@@ -151,7 +163,7 @@ def train(run: Run, probe: measure.StepProbe, history: "History", model: ModelAr
                 bar.update(1)
             reading = probe.after_micro_batch(step, trainer.log_every_n_steps)
             if reading is not None:
-                history.train_step(reading, loss, logits, y, model.num_classes, trainer.log_every_n_steps)
+                history.train_step(reading, loss, logits, y, run.num_classes, trainer.log_every_n_steps)
                 bar.set_postfix(loss=f"{history.last_train['train/loss']:.3g}", refresh=False)
             # Lightning validates after every val_check batch of an epoch (its last by default).
             if run.val_batches and (batch_idx + 1) % run.val_every == 0 and run.validates(epoch):
@@ -164,8 +176,9 @@ def train(run: Run, probe: measure.StepProbe, history: "History", model: ModelAr
     bar.close()
 
 
-def prepare(model: ModelArgs, data: DataArgs, trainer: TrainerArgs, seed: int, out: str) -> Run:
-    """The Accelerator, network, optimizer, loaders and schedule, in LightningCLI's order of random draws."""
+def prepare(classifier: ImageClassifier, datamodule: Any, trainer: TrainerArgs, out: str) -> Run:
+    """The Accelerator, the network with its techniques, the optimizer, the loaders and the schedule (the
+    network was built, seeded, as LightningCLI builds it)."""
     cpu = trainer.accelerator == "cpu" or not torch.cuda.is_available()
     precision = precision_of(trainer.precision).name
     if precision == "16-mixed" and cpu:  # as Lightning: float16 autocast needs a GPU
@@ -175,29 +188,27 @@ def prepare(model: ModelArgs, data: DataArgs, trainer: TrainerArgs, seed: int, o
     accelerator = Accelerator(cpu=cpu, mixed_precision=precision_of(precision).accelerate,
                               gradient_accumulation_steps=trainer.accumulate_grad_batches,
                               log_with="tensorboard", project_dir=str(root))
-    set_seed(seed)  # before the network draws its initial weights, as LightningCLI orders it
-    net = build_model(model.model_name, model.num_classes)
-    apply_gradient_checkpointing(net, model.gradient_checkpointing)
-    if model.channels_last:
-        net = net.to(memory_format=torch.channels_last)
-    if model.compile:
-        net.compile()
+    args = classifier.args
+    net = classifier.net
+    techniques.prepare_network(net, args)
     with accelerator.main_process_first():
-        train_set, val_set = image_datasets(data, download=data.download)
-    train_loader = image_loader(train_set, data, train=True)
-    val_loader = image_loader(val_set, data, train=False)
-    optimizer = build_optimizer(net.parameters(), optimizer=model.optimizer, lr=model.lr,
-                                momentum=model.momentum, weight_decay=model.weight_decay,
-                                optimizer_impl=model.optimizer_impl)
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+    train_loader = datamodule.train_dataloader()
+    val_loader = datamodule.val_dataloader()
+    trained = [param for param in net.parameters() if param.requires_grad]
+    optimizer = techniques.build_optimizer(trained, args, lr=args.lr, momentum=args.momentum,
+                                           weight_decay=args.weight_decay)
     net, optimizer, train_loader, val_loader = accelerator.prepare(net, optimizer, train_loader, val_loader)
     lengths = _lengths(trainer, len(train_loader), len(val_loader))
     # Not prepared: Accelerate would step it once per process per optimizer step; Lightning steps it once.
-    scheduler = build_scheduler(optimizer.optimizer, model.scheduler, lr=model.lr,
+    scheduler = build_scheduler(optimizer.optimizer, args.scheduler, lr=args.lr,
                                 total_steps=lengths["total_steps"])
     run_dir = next_version(accelerator, root)
     return Run(accelerator=accelerator, net=net, plain=accelerator.unwrap_model(net), optimizer=optimizer,
-               scheduler=scheduler, train_loader=train_loader, val_loader=val_loader, train_set=train_set,
-               precision=precision, run_dir=run_dir, **lengths)
+               scheduler=scheduler, train_loader=train_loader, val_loader=val_loader,
+               train_set=getattr(datamodule, "train_set", None), precision=precision, run_dir=run_dir,
+               num_classes=classifier.num_classes, args=args, **lengths)
 
 
 def _lengths(trainer: TrainerArgs, train_length: int, val_length: int) -> dict[str, int]:
@@ -291,7 +302,7 @@ def evaluate(run: Run, model: ModelArgs) -> dict[str, float]:
     logits = torch.cat([output[0] for output in outputs])
     labels = torch.cat([output[1] for output in outputs])
     loss = F.cross_entropy(logits, labels, label_smoothing=model.label_smoothing)
-    accuracy = multiclass_accuracy(logits, labels, num_classes=model.num_classes)
+    accuracy = multiclass_accuracy(logits, labels, num_classes=run.num_classes)
     return {"val/loss": loss.item(), "val/acc": accuracy.item()}
 
 
@@ -305,19 +316,15 @@ def finish(run: Run, probe: measure.StepProbe, history: History, config: dict, s
         status = "diverged"
     world = accelerator.num_processes
     local_devices = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    model = config["model"]
-    techniques = {
-        **sections.pop("techniques"),
-        "model_name": model["model_name"], "optimizer": model["optimizer"],
-        "precision": run.precision, "precision_requested": str(config["trainer"]["precision"]),
-        "gradient_checkpointing": model["gradient_checkpointing"],
-        "checkpointed_segments": len(checkpointed_modules(run.plain)),
-        "strategy": "ddp" if world > 1 else "single_device",
-        "strategy_class": "DistributedDataParallel" if world > 1 else None,
-        "num_nodes": world // local_devices,
-    }
+    loop = techniques.LoopFacts(
+        precision=run.precision, precision_requested=str(config["trainer"]["precision"]),
+        accumulate_grad_batches=accelerator.gradient_accumulation_steps,
+        strategy="ddp" if world > 1 else "single_device",
+        strategy_class="DistributedDataParallel" if world > 1 else None, world_size=world,
+        num_nodes=world // local_devices)
+    section = techniques.record_section(run.args, run.plain, loop, sections.pop("techniques"))
     hardware = measure.hardware_info(accelerator.device, num_devices=local_devices)
-    record = build_record(loop="accelerate", status=status, error=error, config=config, techniques=techniques,
+    record = build_record(loop="accelerate", status=status, error=error, config=config, techniques=section,
                           hardware=hardware, versions=measure.versions(), metrics=history.final_metrics(),
                           history=history.points, **sections)
     if accelerator.is_main_process:
@@ -342,7 +349,7 @@ def reset_accelerate_state() -> None:
 
 
 def main(args: list[str]) -> int:
-    """``python -m modelwright accelerate ARGS`` (base.yaml loaded first); returns the exit status."""
+    """``python -m modelwright accelerate ARGS``; returns the exit status."""
     from modelwright.__main__ import main as tool_main
 
     return tool_main(["accelerate", *args])

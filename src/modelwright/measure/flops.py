@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from modelwright.errors import ConfigError
 from modelwright.measure.facts import available_cpus, cpu_model, cpuinfo, cuda_device
-from modelwright.precision import precision
+from modelwright.techniques import precision
 from modelwright.record import DEFINITIONS_VERSION, write_text_atomic
 
 
@@ -55,7 +55,7 @@ def training_flops(module: nn.Module, example_input: torch.Tensor,
 
 
 def compute_dtype(precision_name: str | int | None) -> torch.dtype:
-    """The dtype a run's matmuls use (:data:`modelwright.precision.PRECISIONS`): ``"bf16-mixed"`` → bfloat16,
+    """The dtype a run's matmuls use (:data:`modelwright.techniques.PRECISIONS`): ``"bf16-mixed"`` → bfloat16,
     ``"16-mixed"`` → float16; float32 for ``None`` or a precision the table does not know."""
     try:
         return getattr(torch, precision(precision_name).compute_dtype)

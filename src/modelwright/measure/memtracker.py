@@ -16,7 +16,7 @@ from modelwright.record import ANATOMY_CATEGORIES
 
 try:  # private modules of torch: without them (another build) there is no anatomy, and the run goes on
     from torch.distributed._tools.common_utils import get_untyped_storages
-    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+    from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.weak import WeakIdKeyDictionary
 
     _IMPORT_ERROR: ImportError | None = None
@@ -63,13 +63,6 @@ def by_category(snapshots: dict, device: torch.device) -> dict[str, int]:
             out[category] += int(size)
     out["total"] = sum(size for category, size in out.items() if category != "inputs")
     return out
-
-
-def backward_peak(tracker: Any, module: nn.Module, device: torch.device) -> dict[str, int] | None:
-    """``module``'s snapshot at its backward peak by category, or None if the tracker has none."""
-    stats = tracker.memory_tracking.get(module)
-    points = stats.snapshots.get(_ModState.PEAK_BW) if stats is not None else None
-    return by_category(points[-1], device) if points else None
 
 
 def tracker_class() -> type:

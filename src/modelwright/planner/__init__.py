@@ -14,9 +14,9 @@ from jsonargparse.typing import ClosedUnitInterval, PositiveFloat, PositiveInt
 
 from modelwright.errors import ConfigError, require
 from modelwright.planner.advisor import advise, options, recommend, shardings, slowdowns
-from modelwright.planner.peak import largest_batch, predict_peak_mib
+from modelwright.planner.memory import largest_batch, predict_peak_mib
 from modelwright.planner.prices import DEFAULT_PRICES
-from modelwright.planner.scale import Assumptions, markdown_tables, predict_step, spec_from_record
+from modelwright.planner.scale import Assumptions, markdown_tables, model_shape, predict_step, spec_from_record
 from modelwright.record import get_path, read_record, read_records
 
 __all__ = ["Assumptions", "advise", "largest_batch", "markdown_tables", "options", "plan", "predict_peak_mib",
@@ -24,13 +24,8 @@ __all__ = ["Assumptions", "advise", "largest_batch", "markdown_tables", "options
 
 
 def newest_records() -> Path | None:
-    """The newest study that profiled its baseline (the advisor needs the profile), else the newest at all."""
-    candidates = Path("results").glob("*/records.jsonl")
-
-    def preference(path: Path) -> tuple:
-        return (path.parent / "profile.json").is_file(), path.stat().st_mtime
-
-    return max(candidates, default=None, key=preference)
+    """The newest results/*/records.jsonl."""
+    return max(Path("results").glob("*/records.jsonl"), default=None, key=lambda path: path.stat().st_mtime)
 
 
 def is_ok_of_model(record: Mapping, model: str | None) -> bool:
@@ -39,12 +34,12 @@ def is_ok_of_model(record: Mapping, model: str | None) -> bool:
 
 def planned_record(records: Sequence[Mapping], ok: Sequence[Mapping], run_id: str | None, model: str | None,
                    source: Path) -> Mapping:
-    """The record to plan from: ``run_id``'s, else the single-device baseline, a profiled one first."""
+    """The record to plan from: ``run_id``'s, else the single-device baseline first."""
     if run_id is not None:
         matches = [record for record in records if str(record.get("run_id")) == run_id]
     else:
         matches = [record for record in ok if int(get_path(record, "techniques.world_size", 1) or 1) == 1]
-        matches.sort(key=lambda found: ("profile" not in found, get_path(found, "study.name") != "baseline"))
+        matches.sort(key=lambda found: get_path(found, "study.name") != "baseline")
     wanted = f"record {run_id}" if run_id else "ok single-device record"
     of_model = f" of {model}" if model else ""
     require(bool(matches), f"--record: no {wanted}{of_model} in {str(source)!r}")
@@ -70,15 +65,23 @@ def check_records(source: Path) -> list[dict]:
     return [record for path in sorted(source.parent.glob("*/records.jsonl")) for record in read_records(path)]
 
 
-def with_profile_shape(record: Mapping, source: Path) -> Mapping:
-    """The record with the study's profile beside it where it has none (TP and PP need the model's blocks)."""
-    if "profile" in record:
-        return record
+def shape_for(record: Mapping, source: Path) -> dict | None:
+    """What TP and PP could split of the record's network: built from its config (schema 3), else from the
+    saved-tensor profile an older study wrote beside its records; None where neither is at hand."""
+    config = record.get("config") or {}
+    if isinstance(get_path(config, "model.network"), Mapping):
+        from modelwright.measure.shape import network_shape
+        from modelwright.techniques import shard_units
+        from modelwright.train.rehearse import build_from_config
+
+        job = build_from_config(config)
+        network = job.model.net
+        return network_shape(network, shard_units(network), job.datamodule.input_shape)
     with suppress(OSError, ValueError):
         profile = read_record(source.with_name("profile.json"), validate=False)
         if get_path(profile, "techniques.model_name") == get_path(record, "techniques.model_name"):
-            return {**record, "profile": profile.get("profile")}
-    return record
+            return model_shape(profile.get("profile"))
+    return None
 
 
 def this_machine() -> dict:
@@ -89,21 +92,47 @@ def this_machine() -> dict:
     return hardware_info()
 
 
-def profile_for(record: Mapping, source: Path) -> Mapping:
-    """The record itself if it holds a profile, else the study's ``profile.json`` beside the records, if that
-    is of the record's model."""
-    profile = record
-    if "profile" not in record:
-        with suppress(OSError, ValueError):
-            profile = read_record(source.with_name("profile.json"), validate=False)
-    same_model = get_path(profile, "techniques.model_name") == get_path(record, "techniques.model_name")
-    require("profile" in profile and same_model, f"--record: run {record.get('run_id')} has no profile and "
-            "there is no profile.json of its model beside the records; run the study (it profiles the "
-            "baseline) first")
-    return profile
+def job_config(config: Sequence[Path]) -> dict:
+    """The resolved job of ``--config`` files, as ``main.py fit --config ...`` would run it."""
+    from modelwright.train.cli import resolved_config  # torch and Lightning: only where a job is planned
+
+    args = ["fit"]
+    for path in config:
+        args += ["--config", str(path)]
+    return resolved_config(args)
 
 
-def plan(record: Path | None = None, run_id: str | None = None, model: str | None = None,
+def parameters_of(resolved: Mapping) -> int:
+    """The parameters of the job's network, built (as the run would build it) and counted."""
+    from modelwright.train.rehearse import build_from_config
+
+    module = build_from_config(resolved).model
+    return sum(parameter.numel() for parameter in module.parameters())
+
+
+def effective_batch(resolved: Mapping) -> int:
+    micro = int(get_path(resolved, "data.batch_size", 1) or 1)
+    accumulate = int(get_path(resolved, "trainer.accumulate_grad_batches", 1) or 1)
+    return micro * accumulate
+
+
+def _advise(config: Sequence[Path], source: Path | None, model: str | None, batch: int | None,
+            budget_gib: float) -> None:
+    """The advisor on the job of ``config`` (default: the default job), with the step times of ``source``'s
+    records (default: the newest study's)."""
+    resolved = job_config(config)
+    source = source or newest_records()
+    records = read_records(source) if source is not None and Path(source).is_file() else []
+    ok = [found for found in records if is_ok_of_model(found, model)]
+    on_cpu = not (str(get_path(resolved, "trainer.accelerator")) in ("cuda", "gpu"))
+    label = " of tensor memory (CPU: tensor bytes, not process RSS)" if on_cpu else ""
+    checks = check_records(Path(source)) if source is not None else []
+    print(advise(resolved, batch or effective_batch(resolved), budget_gib * 1024, ok, label, checks,
+                 this_machine(), parameters_of(resolved)))
+
+
+def plan(config: list[Path] = [], record: Path | None = None,  # noqa: B006 (jsonargparse reads it)
+         run_id: str | None = None, model: str | None = None,
          batch: PositiveInt | None = None, budget_gib: PositiveFloat | None = None,
          devices: list[PositiveInt] = [1, 8, 64],  # noqa: B006 (jsonargparse reads it)
          device: str = "H100 SXM", overlap: ClosedUnitInterval = 1.0, price_per_hour: float | None = None,
@@ -112,13 +141,13 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
     """Print the planner's Markdown: the advisor for a memory budget, or the scaling tables.
 
     Args:
-        record: records.jsonl to read (default: the newest results/*/records.jsonl with a profile.json beside
-            it).
-        run_id: the record to plan from (default: the single-device baseline, a profiled one first).
+        config: the job's config files, as ``main.py fit --config`` takes them (default: the default job);
+            with --budget_gib the advisor rehearses its step under every option.
+        record: records.jsonl to read (default: the newest results/*/records.jsonl): the step times.
+        run_id: the record to plan from (default: the single-device baseline).
         model: the model whose baseline to use (resnet18, smallcnn, vit).
         batch: samples per optimizer step for the advisor (default: the record's).
-        budget_gib: memory per device in GiB; with it the advisor runs (on CPU: tensor bytes, not RSS), from
-            the record's profile or the study's profile.json beside the records.
+        budget_gib: memory per device in GiB; with it the advisor runs (on CPU: tensor bytes, not RSS).
         devices: device counts N for the scaling tables.
         device: the GPU priced and networked (a key of DEFAULT_PRICES).
         overlap: share of the backward pass that communication hides behind, in [0, 1].
@@ -128,6 +157,9 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
         epochs: epochs of the priced job.
         dataset_size: samples per epoch."""
     require(device in DEFAULT_PRICES, f"--device: unknown {device!r}; valid: {', '.join(DEFAULT_PRICES)}")
+    if budget_gib is not None:
+        _advise(config, record, model, batch, budget_gib)
+        return
     source = record or newest_records()
     require(source is not None,
             "--record: no results/*/records.jsonl to read; run `python -m modelwright study`")
@@ -137,15 +169,8 @@ def plan(record: Path | None = None, run_id: str | None = None, model: str | Non
     ok = [found for found in records if is_ok_of_model(found, model)]
     chosen = planned_record(records, ok, run_id, model, source)
     on_cpu = get_path(chosen, "hardware.accelerator") == "cpu"
-    if budget_gib is not None:
-        profile = profile_for(chosen, source)
-        label = " of tensor memory (CPU: tensor bytes, not process RSS)" if on_cpu else ""
-        step_batch = batch or int(profile["profile"]["batch_size"])
-        print(advise(profile, chosen.get("config", {}), step_batch, budget_gib * 1024, ok, label,
-                     check_records(source), this_machine()))
-        return
     try:
-        spec = spec_from_record(with_profile_shape(chosen, source))
+        spec = spec_from_record(chosen, shape_for(chosen, source))
     except KeyError as err:
         raise ConfigError(f"--record: {err.args[0]}") from None
     if gpu_step_time_ms is not None:

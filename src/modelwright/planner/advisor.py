@@ -12,9 +12,16 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from modelwright.fmt import ratio, sig, table
-from modelwright.planner.memory import MIB, config_value, param_state_bytes, state_bytes_per_rank
-from modelwright.planner.peak import predict_peak_mib
-from modelwright.planner.step_profile import read_profile
+from tqdm import tqdm
+
+from modelwright.planner.memory import (
+    MIB,
+    param_state_bytes,
+    predict_peak_mib,
+    state_bytes_per_rank,
+    with_values,
+)
+from modelwright.techniques import declared_policies
 from modelwright.record import get_path
 from modelwright.study_rows import Row, SpreadBand, build_rows, verdict
 
@@ -22,8 +29,10 @@ from modelwright.study_rows import Row, SpreadBand, build_rows, verdict
 TECHNIQUE_RUNS = {"bf16-mixed": "amp", "stage": "checkpointing-stage", "block": "checkpointing-block",
                   "accumulate": "accumulate"}
 PRECISIONS = ("32-true", "bf16-mixed")
-ACCUMULATIONS = (1, 2, 4, 8, 16, 32)
+ACCUMULATIONS = (1, 2, 4, 8)
 SHARDED_RANKS = (2, 4, 8, 16, 32, 64, 128, 256, 512)
+#: The strategy a rehearsal of FSDP2 runs: Lightning's ModelParallelStrategy (``fully_shard`` per block).
+FSDP2_STRATEGY = {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy"}
 
 
 class Option(NamedTuple):
@@ -62,6 +71,7 @@ class StepTimes(NamedTuple):
     base_ms: float | None
     band: SpreadBand | None
     hardware: Mapping
+    base_batch: int | None = None  # the baseline's samples per optimizer step
 
     def verdict(self, factor: float) -> str:
         """A step ratio to the plain run, judged against the baseline's spread."""
@@ -96,7 +106,8 @@ def step_times(records: Sequence[Mapping], check_records: Sequence[Mapping] = ()
     hardware = dict(record.get("hardware") or {})
     if not hardware.get("vector_isa"):  # a record made before hardware named it: its folder does
         hardware["vector_isa"] = slug_vector_isa(get_path(record, "study.slug") or "")
-    return StepTimes(found, base_ms, baseline.band, hardware)
+    base_batch = get_path(record, "techniques.effective_batch_size")
+    return StepTimes(found, base_ms, baseline.band, hardware, base_batch)
 
 
 def slowdowns(records: Sequence[Mapping]) -> tuple[dict[str, Slowdown], float | None]:
@@ -105,33 +116,42 @@ def slowdowns(records: Sequence[Mapping]) -> tuple[dict[str, Slowdown], float | 
     return times.slowdowns, times.base_ms
 
 
-def predicted_step_ms(option_techniques: Sequence[str], batch: int, profile_batch: int,
-                      times: StepTimes) -> float | None:
-    """The baseline's step at ``batch`` times each technique's measured slowdown; None where one is
-    unknown."""
-    if not times.base_ms or not all(technique in times.slowdowns for technique in option_techniques):
+def predicted_step_ms(option_techniques: Sequence[str], batch: int, times: StepTimes) -> float | None:
+    """The baseline's step scaled to ``batch`` samples, times each technique's measured slowdown; None where
+    one is unknown."""
+    known = all(technique in times.slowdowns for technique in option_techniques)
+    if not times.base_ms or not times.base_batch or not known:
         return None
     factors = [times.slowdowns[technique].factor for technique in option_techniques]
-    return math.prod([times.base_ms * batch / profile_batch, *factors])
+    return math.prod([times.base_ms * batch / times.base_batch, *factors])
 
 
-def options(profile_record: Mapping, config: Mapping, batch: int, records: Sequence[Mapping] = (),
+def checkpointing_policies(config: Mapping) -> list[str]:
+    """The checkpointing policies the advisor tries on ``config``'s network: off, and those its class
+    declares (a LightningModule of the user's, without the project's ``network``: off alone)."""
+    network = get_path(config, "model.network")
+    if not isinstance(network, Mapping):
+        return ["off"]
+    return ["off", *declared_policies(str(network.get("class_path")))]
+
+
+def options(config: Mapping, batch: int, records: Sequence[Mapping] = (),
             times: StepTimes | None = None) -> list[Option]:
     """Every precision × checkpointing × accumulation at ``batch`` samples per step, in that order, with its
-    predicted peak and step time (from ``times``, else from ``records``)."""
-    profile = read_profile(profile_record)
+    peak predicted by rehearsing its step and its step time (from ``times``, else from ``records``)."""
     times = times or step_times(records)
     accumulations = [accumulate for accumulate in ACCUMULATIONS if batch % accumulate == 0]
     found = []
-    for precision, checkpointing, accumulate in itertools.product(PRECISIONS, ("off", *profile.segments),
-                                                                  accumulations):
-        option_config = {**config, "trainer.precision": precision,
-                         "trainer.accumulate_grad_batches": accumulate,
-                         "data.batch_size": batch // accumulate,
-                         "model.gradient_checkpointing": checkpointing}
-        peak = predict_peak_mib(profile_record, option_config)["total"]
+    combinations = list(itertools.product(PRECISIONS, checkpointing_policies(config), accumulations))
+    for precision, checkpointing, accumulate in tqdm(combinations, desc="rehearsing", unit="option",
+                                                     leave=False, disable=None):
+        option_config = with_values(config, {"trainer.precision": precision,
+                                             "trainer.accumulate_grad_batches": accumulate,
+                                             "data.batch_size": batch // accumulate,
+                                             "model.gradient_checkpointing": checkpointing})
+        peak = predict_peak_mib(option_config)["total"]
         option = Option(precision, accumulate, checkpointing, peak, None)
-        step_ms = predicted_step_ms(option.techniques, batch, profile.batch_size, times)
+        step_ms = predicted_step_ms(option.techniques, batch, times)
         found.append(option._replace(step_ms=step_ms))
     return found
 
@@ -181,11 +201,10 @@ def technique_verdicts(times: StepTimes) -> str:
     return ", ".join(verdicts) + f" (the baseline's repeats spread {spread})"
 
 
-def recommend(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float,
-              records: Sequence[Mapping] = ()) -> Option | None:
+def recommend(config: Mapping, batch: int, budget_mib: float, records: Sequence[Mapping] = ()) -> Option | None:
     """The advisor's choice (:func:`choose`), or None when nothing fits one device."""
     times = step_times(records)
-    found = choose(options(profile_record, config, batch, times=times), budget_mib, times)
+    found = choose(options(config, batch, times=times), budget_mib, times)
     return found.option if found else None
 
 
@@ -195,29 +214,32 @@ class Sharding(NamedTuple):
     peak_mib: float
 
 
-def sharded_peak_mib(profile_record: Mapping, config: Mapping, strategy: str, ranks: int) -> float:
-    """One rank's predicted peak under ZeRO-1, ZeRO-2 or FSDP over ``ranks`` (``config`` at the per-rank
-    batch)."""
+def sharded_peak_mib(config: Mapping, strategy: str, ranks: int, single_peak_mib: float) -> float:
+    """One rank's predicted peak under ZeRO-1, ZeRO-2 or FSDP2 over ``ranks`` (``config`` at the per-rank
+    batch, whose single-device peak is ``single_peak_mib``): FSDP2 rehearsed over a process group of
+    ``ranks``; ZeRO-1/2 modelled, the device's peak less the state they shard away."""
     if strategy == "fsdp":
-        fsdp = {**config, "trainer.strategy": "fsdp", "trainer.devices": ranks}
-        return predict_peak_mib(profile_record, fsdp)["total"]
-    # ZeRO-1/2: one device's peak less the state they shard away.
-    num_params = read_profile(profile_record).parameters
-    precision = config_value(config, "trainer.precision", "32-true")
-    state = param_state_bytes(precision, config_value(config, "model.optimizer", "adamw"))
+        sharded = with_values(config, {"trainer.strategy": FSDP2_STRATEGY, "trainer.devices": ranks,
+                                       "trainer.num_nodes": 1})
+        return predict_peak_mib(sharded)["total"]
+    num_params = int(get_path(config, "model_parameters", 0) or 0)
+    precision = get_path(config, "trainer.precision", "32-true")
+    state = param_state_bytes(precision, get_path(config, "model.optimizer", "adamw"))
     full = state_bytes_per_rank(num_params, state, "dp", 1)
     sharded = state_bytes_per_rank(num_params, state, strategy, ranks)
     saved = sum(full[key] - sharded[key] for key in full)
-    return predict_peak_mib(profile_record, config)["total"] - saved / MIB
+    return single_peak_mib - saved / MIB
 
 
-def shardings(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float) -> list[Sharding]:
+def shardings(config: Mapping, batch: int, budget_mib: float, num_params: int) -> list[Sharding]:
     """The fewest ranks at which ZeRO-1, ZeRO-2 and FSDP2 fit ``budget_mib`` (per-rank batch = batch / N)."""
     found = []
     for strategy in ("zero1", "zero2", "fsdp"):
         for ranks in (ranks for ranks in SHARDED_RANKS if batch % ranks == 0):
-            rank_config = {**config, "data.batch_size": batch // ranks}
-            peak = sharded_peak_mib(profile_record, rank_config, strategy, ranks)
+            rank_config = {**with_values(config, {"data.batch_size": batch // ranks}),
+                           "model_parameters": num_params}
+            single = predict_peak_mib(rank_config)["total"] if strategy != "fsdp" else 0.0
+            peak = sharded_peak_mib(rank_config, strategy, ranks, single)
             if peak <= budget_mib:
                 found.append(Sharding(strategy, ranks, peak))
                 break
@@ -286,16 +308,15 @@ def step_times_text(times: StepTimes) -> str:
     return f"step times measured on {machine_text(times.hardware)}: {factors}"
 
 
-def advise(profile_record: Mapping, config: Mapping, batch: int, budget_mib: float,
-           records: Sequence[Mapping] = (), budget_label: str = "", check_records: Sequence[Mapping] = (),
-           this_machine: Mapping | None = None) -> str:
+def advise(config: Mapping, batch: int, budget_mib: float, records: Sequence[Mapping] = (),
+           budget_label: str = "", check_records: Sequence[Mapping] = (),
+           this_machine: Mapping | None = None, num_params: int = 0) -> str:
     """Markdown: every option with its predicted peak and step time, and the recommendation with its reason
     (or the sharding that fits); a warning when the step times are another machine's."""
     times = step_times(records, check_records)
-    ranked = options(profile_record, config, batch, times=times)
-    run = profile_record.get("run_id", "the profile")
-    lines = [f"Budget {sig(budget_mib / 1024)} GiB{budget_label}; batch {batch}; peaks predicted from the "
-             f"profile of run {run}; {step_times_text(times)}"]
+    ranked = options(config, batch, times=times)
+    lines = [f"Budget {sig(budget_mib / 1024)} GiB{budget_label}; batch {batch}; peaks predicted by rehearsing "
+             f"each option's step on this machine; {step_times_text(times)}"]
     warning = machine_warning(times.hardware, this_machine or {})
     lines += ["", warning] if warning else []
     lines += ["", options_table(ranked, budget_mib, times), ""]
@@ -306,5 +327,5 @@ def advise(profile_record: Mapping, config: Mapping, batch: int, budget_mib: flo
         return "\n".join([*lines, f"Recommended: {name} — predicted peak {sig(option.peak_mib)} MiB. Why: "
                                   f"{chosen.reason}."])
     fitting = [f"{found.strategy} over {found.ranks} ranks fits ({sig(found.peak_mib)} MiB per rank)"
-               for found in shardings(profile_record, config, batch, budget_mib)]
+               for found in shardings(config, batch, budget_mib, num_params)]
     return "\n".join([*lines, "Nothing fits one device. " + ("; ".join(fitting) or "No sharding up to 512.")])

@@ -1,9 +1,9 @@
 """One GPU's view of a predicted peak: what ``torch.cuda.max_memory_allocated`` should read for a config,
-from the CPU-profiled tensor bytes of :mod:`.peak`.
+from the tensors alive at the peak of its rehearsed step (:mod:`modelwright.measure.rehearsal`).
 
-The autograd graph saves the same tensors on either device, so the tensors are the CPU model's; on a GPU each
-one is a block of PyTorch's caching allocator, rounded as it rounds them, and the step allocates more beside
-the tensors MemTracker sees. Every figure carries its basis: ``modelled`` (from the profile and the
+The autograd graph saves the same tensors on either device, so the tensors are the rehearsal's, one by one;
+on a GPU each is a block of PyTorch's caching allocator, rounded as it rounds them, and the step allocates
+more beside the tensors MemTracker sees. Every figure carries its basis: ``modelled`` (from the profile and the
 allocator's rules), ``assumed`` (a stated fact and its source) or ``guessed`` (no source: a range for the
 measurement to settle).
 
@@ -20,12 +20,12 @@ on ``empty_cache`` or an out-of-memory retry, so the reserved peak is never belo
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from modelwright.errors import require
-from modelwright.planner.memory import MIB, step_setup
-from modelwright.planner.peak import CATEGORIES, BackwardReplay, predict_peak_mib
-from modelwright.planner.step_profile import StepProfile, read_profile
+from modelwright.measure.memtracker import TRACKER_TO_CATEGORY
+from modelwright.measure.rehearsal import Rehearsal
+
+MIB = 2**20
 
 MIN_BLOCK = 512  # kMinBlockSize
 SMALL_SIZE = MIB  # kSmallSize: the largest request of the small pool
@@ -44,7 +44,6 @@ CUBLASLT_WORKSPACE = MIB
 CUBLAS_SOURCE = ("PyTorch aten/src/ATen/cuda/CublasHandlePool.cpp: parseChosenWorkspaceSize (sm90 default "
                  "4096 KiB x 8), parseCUDABlasLtWorkspaceSize (1024 KiB), setWorkspaceForHandle; "
                  "their messages are in torch 2.11.0+cu130's libtorch_cuda.so")
-LABEL_BYTES = 8  # int64 class labels
 GRAD_SCALER_TENSORS = 3  # torch.amp.GradScaler's scale, growth tracker and found_inf: one block each
 
 
@@ -55,14 +54,6 @@ class Figure:
     mib: float
     basis: str
     how: str
-
-
-@dataclass(frozen=True)
-class Resident:
-    """Bytes of each tensor that lives through the step, from the model's definition: parameters, buffers."""
-
-    parameter_bytes: tuple[int, ...]
-    buffer_bytes: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -128,70 +119,35 @@ def rounding_bytes(sizes: Sequence[float]) -> float:
     return sum(fresh_block_bytes(int(size)) - size for size in sizes if size > 0)
 
 
-class StateBlocks(NamedTuple):
-    """The tensors that live through the step, in bytes as one GPU holds them."""
-
-    parameters: list[float]
-    gradients: list[float]
-    optimizer_state: list[float]
-    buffers: list[float]
-
-    def small_bytes(self) -> int:
-        """The small pool's share of them, each rounded."""
-        every = [*self.parameters, *self.gradients, *self.optimizer_state, *self.buffers]
-        return sum(rounded_request(int(size)) for size in every if is_small(int(size)))
+#: The categories of the tensors that live through the step: the small pool keeps their segments.
+PERSISTENT = ("parameters", "buffers", "gradients", "optimizer_state")
 
 
-def state_blocks(profile: StepProfile, config: Mapping, resident: Resident) -> StateBlocks:
-    """Weights, gradients and optimizer state per parameter (one block per optimizer word: AdamW's two
-    moments; its step counter stays on the CPU unless fused or capturable), at the config's precision."""
-    setup = step_setup(profile, config)
-    require(sum(resident.parameter_bytes) == profile.parameters * 4,
-            "resident: its parameters are not the profiled model's")
-    words = round(setup.state.optimizer / 4)
-    weights = [size * setup.state.weights / 4 for size in resident.parameter_bytes]
-    gradients = [size * setup.state.gradients / 4 for size in resident.parameter_bytes]
-    moments = [float(size) for size in resident.parameter_bytes for _ in range(words)]
-    return StateBlocks(weights, gradients, moments, [float(size) for size in resident.buffer_bytes])
+def sized_by_category(tensors: Sequence[tuple[str, float]]) -> dict[str, list[float]]:
+    """The sizes of the tensors alive at the peak (MemTracker's type, bytes), by the anatomy's category."""
+    by_category: dict[str, list[float]] = {}
+    for kind, size in tensors:
+        category = TRACKER_TO_CATEGORY.get(kind, "other")
+        by_category.setdefault(category, []).append(size)
+    return by_category
 
 
-def rounded_categories(profile_record: Mapping, config: Mapping, resident: Resident) -> dict[str, Figure]:
-    """The CPU model's categories, each tensor rounded to its block (upper bounds where the tensors alive
-    at the peak are not known one by one), and the batch on the device."""
-    profile = read_profile(profile_record)
-    tensors = predict_peak_mib(profile_record, config)
-    blocks = state_blocks(profile, config, resident)
-    replay = BackwardReplay(profile, step_setup(profile, config))
-    saved = [replay.storage_bytes(storage) for storage in profile.storages]
-    rounding = {"parameters": rounding_bytes(blocks.parameters), "buffers": rounding_bytes(blocks.buffers),
-                "optimizer_state": rounding_bytes(blocks.optimizer_state),
-                "gradients": rounding_bytes(blocks.gradients) if tensors["gradients"] else 0.0,
-                "activations": rounding_bytes(saved)}
-    how = {"gradients": "CPU model; rounding of every gradient (an upper bound)",
-           "activations": "CPU model; rounding of every saved tensor (an upper bound)",
-           "temporaries": "CPU model; a few large blocks, rounding under 2 KiB not added",
-           "comm_buffers": "CPU model (one GPU: none)"}
-    figures = {category: Figure(tensors[category] + rounding.get(category, 0.0) / MIB, "modelled",
-                                how.get(category, "CPU model; each tensor rounded to its block"))
-               for category in CATEGORIES}
-    figures["inputs"] = Figure(batch_bytes(profile, replay.setup.batch_ratio) / MIB, "modelled",
-                               "the batch copied to the device (images as the profile's, int64 labels), "
-                               "rounded; on CPU a view of the dataset that costs nothing")
+def rounded_categories(tensors: Sequence[tuple[str, float]]) -> dict[str, Figure]:
+    """Each category of the rehearsed peak with each of its tensors rounded to its allocator block; the data
+    (``inputs``: the batch copied to the device) too."""
+    figures = {}
+    for category, sizes in sized_by_category(tensors).items():
+        figures[category] = Figure(sum(fresh_block_bytes(round(size)) for size in sizes) / MIB, "modelled",
+                                   f"{len(sizes)} tensors alive at the rehearsed peak, each rounded to its "
+                                   "block")
     return figures
 
 
-def batch_bytes(profile: StepProfile, batch_ratio: float) -> int:
-    """The micro-batch on the device: its images (the first layer's input in the profile) and labels."""
-    micro_batch = round(profile.batch_size * batch_ratio)
-    images = next(storage.bytes for storage in profile.storages if storage.kind == "input")
-    return rounded_request(round(images * batch_ratio)) + rounded_request(micro_batch * LABEL_BYTES)
-
-
-def beside_tensors(profile: StepProfile, config: Mapping) -> dict[str, Figure]:
+def beside_tensors(module_types: frozenset[str], precision: str) -> dict[str, Figure]:
     """What the allocator holds beside the tensors MemTracker counts: cuBLAS workspaces where the network has
     a linear layer, the GradScaler's scalars under fp16."""
     figures = {}
-    if any(unit.type == "Linear" for unit in profile.units):
+    if module_types & {"Linear", "NonDynamicallyQuantizableLinear"}:
         figures["cublas_workspace_forward"] = Figure(
             CUBLAS_WORKSPACE / MIB, "assumed", "the linear layer's forward, on the main thread's handle: "
             + CUBLAS_SOURCE)
@@ -201,57 +157,40 @@ def beside_tensors(profile: StepProfile, config: Mapping) -> dict[str, Figure]:
         figures["cublas_workspace_backward"] = Figure(
             CUBLAS_WORKSPACE / MIB, "guessed", "inferred, not read: autograd runs CUDA backward on its own "
             "device thread, whose handle (the pool is per thread) gets a workspace of its own")
-    if step_setup(profile, config).precision == "16-mixed":
+    if precision == "16-mixed":
         figures["grad_scaler"] = Figure(GRAD_SCALER_TENSORS * MIN_BLOCK / MIB, "assumed",
                                         "torch.amp.GradScaler: three scalars, one 512 B block each")
     return figures
 
 
-def predict_cuda_peak(profile_record: Mapping, config: Mapping, resident: Resident) -> CudaPeak:
-    """``config``'s peak on one GPU (``trainer.accelerator: cuda``), from the fp32 profile of a CPU step."""
-    profile = read_profile(profile_record)
-    replay = BackwardReplay(profile, step_setup(profile, config))
+def predict_cuda_peak(rehearsal: Rehearsal, micro_batch: int, precision: str) -> CudaPeak:
+    """The peak on one GPU of the rehearsed config at ``micro_batch`` (``precision``: its Lightning name)."""
+    tensors = rehearsal.tensors_at_peak(micro_batch)
+    by_category = sized_by_category(tensors)
     # cuDNN's convolution workspace is taken from the allocator for the call and given back after it, so it
     # adds to the peak where a convolution's backward is the peak's moment. Its size is the algorithm's,
-    # which cuDNN's heuristics choose at run time: guessed, with no source, at most the step's largest saved
-    # tensor.
-    largest_saved = max(replay.storage_bytes(storage) for storage in profile.storages)
-    extras = beside_tensors(profile, config)
+    # which cuDNN's heuristics choose at run time: guessed, with no source, at most the largest activation.
+    largest = max(by_category.get("activations", [0.0]))
+    extras = beside_tensors(rehearsal.module_types, precision)
     # The small pool's segments are whole: the small tensors that live through the step (and cuBLASLt's 1 MiB
-    # workspace, a small request) fill ceil(bytes / 2 MiB) of them. The small tensors alive only at the peak
-    # could fill that slack, so the floor holds where they do not: it is below 2 MiB either way.
-    small = state_blocks(profile, config, resident).small_bytes()
+    # workspace, a small request) fill ceil(bytes / 2 MiB) of them.
+    small = sum(rounded_request(round(size)) for category in PERSISTENT
+                for size in by_category.get(category, []) if is_small(round(size)))
     if "cublaslt_workspace" in extras:
         small += CUBLASLT_WORKSPACE
     slack = -(-small // SMALL_SEGMENT) * SMALL_SEGMENT - small
-    return CudaPeak(rounded_categories(profile_record, config, resident), extras, largest_saved / MIB,
-                    slack / MIB)
+    return CudaPeak(rounded_categories(tensors), extras, largest / MIB, slack / MIB)
 
 
-def largest_cuda_batch(profile_record: Mapping, config: Mapping, resident: Resident,
-                       budget_mib: float) -> int:
+def largest_cuda_batch(rehearsal: Rehearsal, precision: str, budget_mib: float) -> int:
     """The largest micro-batch whose predicted allocated peak fits ``budget_mib`` (0 if not even one)."""
 
     def over_budget(batch: int) -> bool:
-        sized = {**config, "data.batch_size": batch}
-        return predict_cuda_peak(profile_record, sized, resident).allocated_mib > budget_mib
+        return predict_cuda_peak(rehearsal, batch, precision).allocated_mib > budget_mib
 
     best = bisect.bisect_left(range(1, 2**25 + 1), True, key=over_budget)
     require(best < 2**25, "budget_mib: fits more than 16 M samples; is the budget in MiB?")
     return best
-
-
-def resident_of(model_name: str) -> Resident:
-    """The sizes of a study model's parameters and buffers, built on the meta device (no memory)."""
-    # Here, not at the top: the planner loads torch only where it builds a model.
-    import torch
-
-    from modelwright.train.models import build_model
-
-    with torch.device("meta"):
-        network = build_model(model_name)
-    return Resident(tuple(p.numel() * p.element_size() for p in network.parameters()),
-                    tuple(b.numel() * b.element_size() for b in network.buffers()))
 
 
 def figure_json(figure: Figure) -> dict:

@@ -1,50 +1,42 @@
-"""Memory per rank: bytes per parameter, ZeRO/FSDP sharding, and what the predicted peak (:mod:`.peak`) reads
-from a config."""
+"""Memory per rank: the peak of a config predicted by rehearsing its step (:mod:`modelwright.measure.rehearsal`,
+:mod:`modelwright.train.rehearse`), and bytes per parameter as ZeRO and FSDP shard them at N ranks (the scale
+model's), from the techniques' tables."""
 
+import functools
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any
 
 from modelwright.errors import require
-from modelwright.planner.step_profile import StepProfile
-from modelwright.record import get_path
+from modelwright.record import get_path, to_jsonable
+from modelwright.techniques import OPTIMIZERS, PRECISIONS, precision
 
 MIB = 2**20
-
-
-class Regime(NamedTuple):
-    """Bytes per parameter of one precision: ``word`` per optimizer-state word, ``wire`` per gradient sent."""
-
-    weights: int
-    gradients: int
-    master: int
-    word: int
-    wire: int
-    description: str
-
-
-# Torch autocast keeps fp32 weights and .grad and casts copies on the fly, so the persistent state of *-mixed
-# runs is that of 32-true.
-REGIMES = {
-    "32-true": Regime(4, 4, 0, 4, 4, "fp32 weights, grads and optimizer state"),
-    "bf16-mixed": Regime(4, 4, 0, 4, 4,
-                         "torch autocast: fp32 weights and grads, 16-bit copies made on the fly"),
-    "bf16-true": Regime(2, 2, 0, 2, 2, "weights, grads and optimizer state all in 16 bits"),
-    "playbook-mixed": Regime(2, 2, 4, 4, 2,
-                             "16-bit weights and grads, fp32 master weights and optimizer state"),
-    "playbook-mixed-fp32-grads": Regime(2, 6, 4, 4, 4,
-                                        "as playbook-mixed plus an fp32 gradient accumulation buffer"),
-}
-REGIMES["16-mixed"] = REGIMES["bf16-mixed"]
-REGIMES["16-true"] = REGIMES["bf16-true"]
-STATE_WORDS = {"adamw": 2, "sgd": 1, "sgd-nomomentum": 0}  # AdamW's two moments, SGD's momentum buffer
+#: An optimizer's state words per parameter where its state is as wide as the parameters (Adafactor's
+#: factored state depends on the shapes: the scale model reads it from a record, as measured).
+STATE_WORDS = {"adamw": 2, "sgd": 1, "sgd-nomomentum": 0}
 STRATEGIES = ("dp", "zero1", "zero2", "fsdp", "tp", "pp")
-VALID_NAMES = {"precision": tuple(REGIMES), "optimizer": tuple(STATE_WORDS), "strategy": STRATEGIES}
 # Lightning's names (and the short ones people type) for the planner's.
-ALIASES = {"32": "32-true", "bf16": "bf16-mixed", "16": "16-mixed", "playbook": "playbook-mixed",
-           "adam": "adamw", "auto": "dp", "ddp": "dp", "ddp_spawn": "dp", "single_device": "dp",
+ALIASES = {"adam": "adamw", "auto": "dp", "ddp": "dp", "ddp_spawn": "dp", "single_device": "dp",
            "zero3": "fsdp", "fsdp2": "fsdp", "model_parallel": "fsdp", "deepspeed_stage_1": "zero1",
            "deepspeed_stage_2": "zero2", "deepspeed_stage_3": "fsdp"}
+VALID_NAMES = {"optimizer": (*STATE_WORDS, *OPTIMIZERS), "strategy": STRATEGIES}
+
+
+def normalize(key: str, name: object) -> str:
+    """``name`` as one of the planner's ``key``s (precision, optimizer, strategy: aliases, Lightning's names
+    and a strategy's ``{"class_path": ...}`` accepted); ConfigError naming ``key`` and the valid names if
+    unknown."""
+    if key == "precision":
+        return precision(name, key).name
+    if isinstance(name, Mapping):
+        class_path = str(name.get("class_path", "")).lower()
+        name = "fsdp" if "modelparallel" in class_path or "fsdp" in class_path else "dp"
+    spelled = str(name).strip().lower()
+    normalized = ALIASES.get(spelled, spelled)
+    require(normalized in VALID_NAMES[key], f"{key}: unknown {name!r}; valid: {', '.join(VALID_NAMES[key])}")
+    return normalized
 
 
 @dataclass(frozen=True)
@@ -64,23 +56,18 @@ class ParamStateBytes:
         return self.weights + self.gradients + self.optimizer
 
 
-def normalize(key: str, name: object) -> str:
-    """``name`` as one of the planner's ``key``s (precision, optimizer, strategy: aliases, Lightning's names
-    and a strategy's ``{"class_path": ...}`` accepted); ConfigError naming ``key`` and the valid names if
-    unknown."""
-    if isinstance(name, Mapping):
-        class_path = str(name.get("class_path", "")).lower()
-        name = "fsdp" if "modelparallel" in class_path or "fsdp" in class_path else "dp"
-    spelled = str(name).strip().lower()
-    normalized = ALIASES.get(spelled, spelled)
-    require(normalized in VALID_NAMES[key], f"{key}: unknown {name!r}; valid: {', '.join(VALID_NAMES[key])}")
-    return normalized
-
-
-def param_state_bytes(precision: str, optimizer: str) -> ParamStateBytes:
-    regime = REGIMES[normalize("precision", precision)]
-    words = STATE_WORDS[normalize("optimizer", optimizer)]
-    return ParamStateBytes(regime.weights, regime.gradients, regime.master + regime.word * words, regime.wire,
+def param_state_bytes(precision_name: str, optimizer: str,
+                      optimizer_bytes: float | None = None) -> ParamStateBytes:
+    """Bytes per parameter of ``precision_name`` (:data:`~modelwright.techniques.PRECISIONS`) with
+    ``optimizer``: its state words at the precision's word size, or ``optimizer_bytes`` per parameter where
+    given (a record's measured state: Adafactor's factored moments)."""
+    regime = PRECISIONS[normalize("precision", precision_name)]
+    name = normalize("optimizer", optimizer)
+    if optimizer_bytes is None:
+        require(name in STATE_WORDS, f"optimizer: {name}'s state depends on the parameters' shapes; plan "
+                "from a record of it (its measured optimizer state)")
+        optimizer_bytes = regime.word * STATE_WORDS[name]
+    return ParamStateBytes(regime.weights, regime.gradients, regime.master + optimizer_bytes, regime.wire,
                            regime.description)
 
 
@@ -98,72 +85,57 @@ def state_bytes_per_rank(num_params: float, state: ParamStateBytes, strategy: st
             "optimizer_state": state.optimizer * num_params / optimizer_by}
 
 
-def config_value(config: Mapping, key: str, default: object = None) -> object:
-    """``key`` of a nested or dotted config (a dotted key wins, so overrides can be merged in)."""
-    value = config.get(key, get_path(config, key, None))
-    return default if value is None else value
+# --- the peak of a config, by rehearsal ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class StepSetup:
-    """What the memory model reads from a config, relative to the profiled step."""
-
-    precision: str
-    optimizer: str
-    state: ParamStateBytes
-    accumulate: int
-    granularity: str
-    strategy: str
-    ranks: int
-    bucket_view: bool
-    batch_ratio: float  # the micro-batch over the profiled batch
-    optimizer_impl: str
-    channels_last: bool = False
-
-    @property
-    def autocast(self) -> bool:
-        return self.precision.endswith("-mixed")
-
-    @property
-    def narrow(self) -> int:
-        """What an fp32 tensor the step makes is divided by: 2 where it becomes a 16-bit one."""
-        return 2 if self.autocast or self.state.weights == 2 else 1
-
-    @property
-    def shard(self) -> int:
-        return self.ranks if self.strategy == "fsdp" else 1
-
-    @property
-    def channels_last_copy(self) -> bool:
-        """Whether the LightningModule copies each NCHW batch to channels-last (FSDP2 runs NCHW instead: it
-        shards contiguous parameters only)."""
-        return self.channels_last and self.strategy != "fsdp"
+def with_values(config: Mapping, values: Mapping[str, Any]) -> dict:
+    """``config`` (resolved, nested) with dotted ``values`` set; a section given by class path takes them
+    in its ``init_args``."""
+    changed = json.loads(json.dumps(to_jsonable(config)))
+    for key, value in values.items():
+        section, name = key.split(".", 1)
+        target = changed.setdefault(section, {})
+        if isinstance(target.get("init_args"), dict) and name.split(".")[0] not in target:
+            target = target["init_args"]
+        *parents, last = name.split(".")
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[last] = value
+    return changed
 
 
-def step_setup(profile: StepProfile, config: Mapping) -> StepSetup:
-    """The config's precision, optimizer, accumulation, checkpointing, strategy and ranks, checked."""
-    precision = normalize("precision", config_value(config, "trainer.precision", "32-true"))
-    optimizer = normalize("optimizer", config_value(config, "model.optimizer", "adamw"))
-    if optimizer == "sgd" and float(config_value(config, "model.momentum", 0.9)) == 0:
-        optimizer = "sgd-nomomentum"
-    granularity = str(config_value(config, "model.gradient_checkpointing", "off"))
-    raw_strategy = config_value(config, "trainer.strategy", "auto")
-    strategy = normalize("strategy", raw_strategy)
-    devices = str(config_value(config, "trainer.devices", 1))
-    ranks = (int(devices) if devices.isdigit() else 1) * int(config_value(config, "trainer.num_nodes", 1))
-    init_args = (raw_strategy.get("init_args") or {}) if isinstance(raw_strategy, Mapping) else {}
-    require(strategy in ("dp", "fsdp"),
-            f"trainer.strategy: {strategy} memory needs a model split, not predicted")
-    require(granularity == "off" or granularity in profile.segments,
-            f"model.gradient_checkpointing: the profile has no {granularity!r} segments")
-    batch = int(config_value(config, "data.batch_size", profile.batch_size))
-    optimizer_impl = str(config_value(config, "model.optimizer_impl", "auto"))
-    if optimizer_impl == "auto" and str(config_value(config, "trainer.accelerator", "")) in ("cuda", "gpu"):
-        optimizer_impl = "foreach"  # torch.optim's choice for CUDA parameters (_default_to_fused_or_foreach)
-    return StepSetup(precision=precision, optimizer=optimizer, state=param_state_bytes(precision, optimizer),
-                     accumulate=int(config_value(config, "trainer.accumulate_grad_batches", 1)),
-                     granularity=granularity, strategy=strategy, ranks=ranks,
-                     bucket_view=bool(init_args.get("gradient_as_bucket_view")),
-                     batch_ratio=batch / profile.batch_size,
-                     optimizer_impl=optimizer_impl,
-                     channels_last=bool(config_value(config, "model.channels_last", False)))
+@functools.lru_cache(maxsize=64)
+def _rehearsal(config_json: str) -> Any:
+    from modelwright.train.rehearse import rehearse  # torch and Lightning: only once a step is rehearsed
+
+    return rehearse(json.loads(config_json))
+
+
+#: The project's data modules' sizes a rehearsal sets: a batch of 4 (the rehearsal cuts its own micro-batches
+#: from it) and no more samples than it needs.
+REHEARSAL_DATA = {"data.batch_size": 4, "data.train_size": 64, "data.val_size": 4}
+
+
+def rehearsal(config: Mapping) -> Any:
+    """The :class:`~modelwright.measure.rehearsal.Rehearsal` of ``config``'s step (at any batch size: the
+    micro-batches are the rehearsal's own), made once per config in this process."""
+    known = {key: value for key, value in REHEARSAL_DATA.items() if get_path(config, key) is not None}
+    return _rehearsal(json.dumps(with_values(config, known), sort_keys=True))
+
+
+def micro_batch(config: Mapping) -> int:
+    return int(get_path(config, "data.batch_size"))
+
+
+def predict_peak_mib(config: Mapping) -> dict[str, float]:
+    """One rank's peak tensor memory under ``config`` (resolved), MiB by category and ``total``, before
+    any run of it: its step rehearsed at two small micro-batches, the peak at its own."""
+    return rehearsal(config).peak(micro_batch(config))
+
+
+def largest_batch(config: Mapping, budget_mib: float) -> int:
+    """The largest per-rank micro-batch whose predicted peak fits ``budget_mib`` (0 if not even one
+    sample)."""
+    best = rehearsal(config).largest_batch(budget_mib)
+    require(best < 2**25, "budget_mib: fits more than 32 M samples; is the budget in MiB?")
+    return best

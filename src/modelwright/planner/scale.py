@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from modelwright.fmt import count, duration, pct, sig, table, usd
-from modelwright.planner.memory import MIB, STRATEGIES, normalize, param_state_bytes, state_bytes_per_rank
+from modelwright.planner.memory import (
+    MIB,
+    STATE_WORDS,
+    STRATEGIES,
+    normalize,
+    param_state_bytes,
+    state_bytes_per_rank,
+)
 from modelwright.planner.prices import DEFAULT_PRICES, HOW_TO_PRICE, PRICE_SOURCE
 from modelwright.record import get_path
 
@@ -98,12 +105,13 @@ class JobSpec:
     # The largest activation crossing a block boundary (PP and TP traffic).
     boundary_bytes_per_sample: float = 0.0
     model_name: str = ""
+    optimizer_bytes: float | None = None  # state bytes per parameter where measured (Adafactor's depend on shapes)
 
     def __post_init__(self) -> None:
         for key in ("precision", "optimizer"):
             object.__setattr__(self, key, normalize(key, getattr(self, key)))
 
-    state = property(lambda self: param_state_bytes(self.precision, self.optimizer))
+    state = property(lambda self: param_state_bytes(self.precision, self.optimizer, self.optimizer_bytes))
 
 
 #: The record keys a :class:`JobSpec` needs, in the order a missing one is reported.
@@ -112,8 +120,9 @@ SPEC_KEYS = ("techniques.micro_batch_size", "techniques.optimizer", "techniques.
 
 
 def model_shape(profile: Mapping | None) -> dict:
-    """What TP and PP could split, from a record's profile: blocks, the narrowest layer, the largest
-    boundary."""
+    """What TP and PP could split, from the saved-tensor profile the studies of schema 2 wrote beside their
+    records (``profile.json``): blocks, the narrowest layer, the largest boundary. Newer records: the network
+    itself (:func:`modelwright.measure.shape.network_shape`)."""
     if not profile:
         return {}
     blocks = profile["segments"].get("block", [])
@@ -123,8 +132,22 @@ def model_shape(profile: Mapping | None) -> dict:
             "boundary_bytes_per_sample": boundary / profile["batch_size"]}
 
 
-def spec_from_record(record: Mapping) -> JobSpec:
-    """A :class:`JobSpec` from a single-device run record, its step time labelled as measured in that run."""
+def measured_optimizer_bytes(record: Mapping, optimizer: str) -> float | None:
+    """An optimizer's state bytes per parameter as the record measured them, where the optimizer's state is
+    not a fixed number of words per parameter (Adafactor)."""
+    if optimizer in STATE_WORDS:
+        return None
+    measured = get_path(record, "memory.anatomy_mib.optimizer_state")
+    params = get_path(record, "techniques.trainable_parameters") or get_path(record, "memory.model_parameters")
+    if measured is None or not params:
+        raise KeyError(f"record is missing 'memory.anatomy_mib.optimizer_state' ({optimizer}'s state)")
+    return measured * MIB / params
+
+
+def spec_from_record(record: Mapping, shape: Mapping | None = None) -> JobSpec:
+    """A :class:`JobSpec` from a single-device run record, its step time labelled as measured in that run;
+    ``shape``: what TP and PP could split (:func:`~modelwright.measure.shape.network_shape`; default: the
+    record's saved-tensor profile, if it has one)."""
     values = {key: get_path(record, key) for key in SPEC_KEYS}
     missing = [key for key, value in values.items() if value is None]
     if missing:  # a KeyError naming the first required key missing
@@ -145,7 +168,8 @@ def spec_from_record(record: Mapping) -> JobSpec:
         step_time_ms=float(values["timing.step_time_median_ms"]),
         step_time_source=f"measured, run {record.get('run_id', '?')} on {device_name}",
         model_name=str(get_path(record, "techniques.model_name", "") or ""),
-        **model_shape(record.get("profile")),
+        optimizer_bytes=measured_optimizer_bytes(record, str(optimizer)),
+        **(dict(shape) if shape is not None else model_shape(record.get("profile"))),
     )
 
 

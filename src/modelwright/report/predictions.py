@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from modelwright.fmt import pct, sig, table
-from modelwright.planner.peak import CATEGORIES, predict_peak_mib
+from modelwright.measure.rehearsal import CATEGORIES
 from modelwright.record import get_path
 from modelwright.study_rows import Row, median
 
@@ -61,15 +61,13 @@ def verdict_text(errors: Sequence[CategoryError]) -> str:
 
 @dataclass(frozen=True)
 class PredictionCheck:
-    """One row's prediction, recorded before its first run, and what its runs measured (medians); with the
-    current model's prediction from the same profile where it differs (made after the runs)."""
+    """One row's prediction, recorded before its first run, and what its runs measured (medians)."""
 
     run: str
     machine: str
     predicted: Mapping[str, float]
     measured: Mapping[str, float]
     measured_peak: float
-    repredicted: Mapping[str, float] | None = None
 
     def errors(self) -> list[CategoryError]:
         return category_errors(self.predicted, self.measured)
@@ -80,18 +78,6 @@ def measured_categories(row: Row) -> dict[str, float]:
     found = {category: median([get_path(record, f"memory.anatomy_mib.{category}") for record in row.records])
              for category in CATEGORIES}
     return {category: value for category, value in found.items() if value is not None}
-
-
-def repredicted(record: Mapping, profile: Mapping | None) -> dict[str, float] | None:
-    """The current model's prediction for ``record`` from the profile its prediction was made from, where it
-    differs from the recorded one; None where it is the same or the profile is not at hand."""
-    prediction = record["prediction"]
-    if profile is None or profile.get("run_id") != prediction.get("from_run_id"):
-        return None
-    now = predict_peak_mib(profile, record.get("config") or {})
-    recorded = prediction.get("predicted_mib") or {}
-    same = all(abs(now[category] - (recorded.get(category) or 0.0)) < 1e-9 for category in CATEGORIES)
-    return None if same else now
 
 
 def prediction_checks(studies: Sequence[Any]) -> list[PredictionCheck]:
@@ -107,7 +93,7 @@ def prediction_checks(studies: Sequence[Any]) -> list[PredictionCheck]:
             if not isinstance(predicted.get("total"), (int, float)):
                 continue
             checks.append(PredictionCheck(row.name, study.slug, predicted, measured_categories(row),
-                                          row.figures.peak_mib, repredicted(predicted_record, study.profile)))
+                                          row.figures.peak_mib))
     return checks
 
 
@@ -123,27 +109,13 @@ def check_cells(check: PredictionCheck) -> list[str]:
     return cells
 
 
-def current_model_cell(check: PredictionCheck) -> str:
-    if check.repredicted is None:
-        return "as recorded"
-    errors = category_errors(check.repredicted, check.measured)
-    return f"{verdict_text(errors)}; worst {worst(errors).text()}"
-
-
 def prediction_table(studies: Sequence[Any]) -> str | None:
     """Per run of the studies recorded with a prediction, the peak predicted before it ran beside the measured
-    one, its worst category, and whether every category is within tolerance; a last column with the current
-    model's prediction from the same profile where the model has changed since the runs."""
+    one, its worst category, and whether every category is within tolerance."""
     checks = prediction_checks(studies)
     if not checks:
         return None
     rule = f"{pct(TOLERANCE_SHARE)} or {TOLERANCE_MIB:g} MiB"
     header = ["run", "machine", "predicted peak MiB", "measured peak MiB (median)", "error",
               "worst category: predicted vs measured", f"every category within {rule}"]
-    body = [check_cells(check) for check in checks]
-    align = "llrrrll"
-    if any(check.repredicted is not None for check in checks):
-        header.append("current model, re-predicted after the runs")
-        body = [[*cells, current_model_cell(check)] for cells, check in zip(body, checks, strict=True)]
-        align += "l"
-    return table(header, body, align)
+    return table(header, [check_cells(check) for check in checks], "llrrrll")

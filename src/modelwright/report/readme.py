@@ -118,7 +118,6 @@ class ResultsFolder:
         self.marks = {group: chr(ord("a") + i) for i, group in enumerate(groups)} if len(groups) > 1 else {}
         self.wall_s = sum(finite(get_path(record, "study.process_wall_s")) or 0 for record in used)
         self.ok_rows = {row.name: row for row in self.rows if row.ok}
-        self.profile = read_json(folder / "profile.json")  # what the study predicted its runs from
 
     def window_text(self, last: Mapping) -> str:
         """Warm-up, measured steps (and the rows that measured another number), repeats and plans."""

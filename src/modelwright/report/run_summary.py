@@ -6,6 +6,7 @@ from typing import Any
 
 from modelwright.fmt import duration, pct, sig
 from modelwright.record import ANATOMY_CATEGORIES
+from modelwright.techniques import setup_words
 
 #: Below this share of their threads' time, a CPU run's measured steps waited for their cores (the machine was
 #: busy with something else): the times are flagged as contended. A free 2-core machine gives 0.95-1.0.
@@ -28,10 +29,8 @@ def summary_lines(record: Mapping, record_path: str | None, log_dir: str | None)
     techniques = record.get("techniques") or {}
     timing = record.get("timing") or {}
     lines = [
-        f"technique   {techniques.get('precision')}, micro-batch {techniques.get('micro_batch_size')} "
-        f"x accumulate {techniques.get('accumulate_grad_batches')}, "
-        f"checkpointing {techniques.get('gradient_checkpointing')}, "
-        f"{techniques.get('strategy')} x {techniques.get('world_size')}",
+        f"technique   {', '.join(setup_words(techniques))} "
+        f"(micro-batch×accumulation; {techniques.get('strategy')} x {techniques.get('world_size')})",
         f"step time   median {sig(timing.get('step_time_median_ms'))} ms, "
         f"p90 {sig(timing.get('step_time_p90_ms'))}, min {sig(timing.get('step_time_min_ms'))}, "
         f"max {sig(timing.get('step_time_max_ms'))} "

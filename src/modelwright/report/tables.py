@@ -9,6 +9,7 @@ from modelwright import planner
 from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
 from modelwright.planner.prices import GPU_NAMES, MachinePrice, machine_price
 from modelwright.record import get_path
+from modelwright.techniques import setup_words
 from modelwright.study_rows import LOSS_STEPS, BudgetRow, Row, div, provenance_group
 
 __all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "scaleout_table", "setup_text"]
@@ -17,31 +18,9 @@ __all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "sc
 PUBLISHED_A100_FLOPS_PER_S = 32.3e15 / (7 * 60)
 
 
-def optimizer_words(optimizer_impl: Any) -> str | None:
-    """``torch.optim.AdamW[foreach]`` as ``AdamW foreach``; None when the record does not name the kernel."""
-    if not isinstance(optimizer_impl, str) or "[" not in optimizer_impl:
-        return None
-    name, kernel = optimizer_impl.split("[", 1)
-    return f"{name.rsplit('.', 1)[-1]} {kernel.rstrip(']')}"
-
-
 def setup_text(record: Mapping) -> str:
     """The run's techniques in a few words: ``bf16-mixed, 32×4, ckpt block, AdamW foreach``."""
-    techniques = record.get("techniques") or {}
-    micro = techniques.get("micro_batch_size")
-    accumulate = techniques.get("accumulate_grad_batches") or 1
-    batch = f"{micro}×{accumulate}" if accumulate != 1 else str(micro)
-    parts = [str(techniques.get("precision") or "?"), batch]
-    if (techniques.get("world_size") or 1) != 1:
-        parts.append(f"{techniques.get('strategy')} ×{techniques['world_size']}")
-    if techniques.get("gradient_checkpointing") not in (None, "off"):
-        parts.append(f"ckpt {techniques['gradient_checkpointing']}")
-    parts += [key for key in ("channels_last", "compile") if techniques.get(key)]
-    if get_path(record, "config.cpu_malloc") == "system":
-        parts.append("system malloc")
-    if kernel := optimizer_words(techniques.get("optimizer_impl")):
-        parts.append(kernel)
-    return ", ".join(parts)
+    return ", ".join(setup_words(record.get("techniques") or {}, get_path(record, "config.cpu_malloc")))
 
 
 def comparable_loss(row: Row) -> float | None:

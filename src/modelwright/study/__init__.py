@@ -277,7 +277,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
     Args:
         plan: the plan file (configs/study/plan_*.yaml).
         only: run names of the plan to run, e.g. [baseline,amp].
-        model: model.model_name for every run (overrides the plan's).
+        model: the network of every run (overrides the plan's): resnet18, smallcnn, vit, or a class path.
         accelerator: trainer.accelerator for every run: auto, cpu, cuda, ...
         warmup_steps: unmeasured steps per run (default: the plan's, for this device).
         steps: measured steps per run (default: the plan's, for this device).
@@ -295,7 +295,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
         rerun: run again even what is recorded.
         retry_failed: run again the runs recorded as failed or oom.
         run_timeout_s: stop a run (and record it as failed) after this long.
-        predict: profile the baseline's step and predict every run's peak before it (the budget needs it).
+        predict: predict every run's peak before it, by rehearsing its step (the budget needs it).
         epochs: also time one whole epoch of each run, as its config has it.
         dry_run: list the runs, their commands and an estimate of their time; run nothing.
     """
@@ -307,7 +307,7 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
     results_dir = results.resolve() / sweep.settings.slug
     workdir = workdir.resolve() / sweep.settings.slug
     runner = Study(sweep.plan, sweep.settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed,
-                   profile=predict, run_timeout_s=run_timeout_s, cmd=cmd)
+                   predict=predict, run_timeout_s=run_timeout_s, cmd=cmd)
     to_run = sum(_will_run(sweep, runner, spec) for spec in sweep.specs)
     _announce(sweep, to_run, results_dir)
     if dry_run:

@@ -1,4 +1,4 @@
-"""The largest micro-batch under a memory budget: predicted by the planner from the baseline's profile,
+"""The largest micro-batch under a memory budget: predicted by the planner (the run's step rehearsed),
 confirmed by two runs. The predicted batch must fit (one correction if it lands over, by the planner's
 measured miss), and a run a few percent larger must not: both together say the batch is the largest, within
 that margin."""
@@ -7,9 +7,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from modelwright import fmt, planner
-from modelwright.planner import cuda
+from modelwright import fmt
+from modelwright.errors import one_line
+from modelwright.planner import cuda, memory
+from modelwright.planner.memory import with_values
 from modelwright.record import get_path
+from modelwright.techniques import precision
 from modelwright.study.plan import Entry, build_spec
 from modelwright.study.runner import Progress, Study, say
 from modelwright.study_rows import peak_mib
@@ -34,8 +37,8 @@ def budget_phase(study: Study, entries: Sequence[Entry], progress: Progress, bud
 
 
 class _BudgetRuns:
-    """One plan entry's budget runs: the planner's predictions from the baseline's profile, and runs at a
-    given micro-batch."""
+    """One plan entry's budget runs: the planner's predictions (its step rehearsed), and runs at a given
+    micro-batch."""
 
     def __init__(self, study: Study, index: int, entry: Entry, progress: Progress, budget_mib: float) -> None:
         self.study = study
@@ -45,30 +48,33 @@ class _BudgetRuns:
         self.budget_mib = budget_mib
         plain = build_spec(entry, index, study.settings).resolved
         # A budget run has no accumulation (its micro-batch is the step): so its predictions.
-        self.config = {**plain, "trainer": {**plain["trainer"], "accumulate_grad_batches": 1}}
-        model = get_path(plain, "model.model_name")
-        self.profile = study.baseline(model)
-        # On a GPU the run's peak is the allocator's, cuBLAS's workspaces included (planner.cuda).
+        self.config = with_values(plain, {"trainer.accumulate_grad_batches": 1})
         settings = study.settings
-        self.resident = None
-        if settings.accelerator in ("cuda", "gpu") or settings.slug.startswith("cuda-"):
-            self.resident = cuda.resident_of(model)
+        # On a GPU the run's peak is the allocator's, each tensor a rounded block and cuBLAS's workspaces
+        # beside them (planner.cuda).
+        self.on_cuda = settings.accelerator in ("cuda", "gpu") or settings.slug.startswith("cuda-")
+        self.precision = precision(get_path(plain, "trainer.precision")).name
+        self.rehearsal = None
+        self.why_not = None
+        try:
+            self.rehearsal = memory.rehearsal(self.config)
+        except Exception as err:  # no prediction: the phase says why and skips the entry
+            self.why_not = one_line(err)
 
     def largest(self, budget_mib: float) -> int:
-        """The planner's largest micro-batch under ``budget_mib`` (0 without a profile)."""
-        if self.profile is None:
+        """The planner's largest micro-batch under ``budget_mib`` (0 without a prediction)."""
+        if self.rehearsal is None:
             return 0
-        if self.resident is not None:
-            return cuda.largest_cuda_batch(self.profile, self.config, self.resident, budget_mib)
-        return int(planner.largest_batch(self.profile, self.config, budget_mib))
+        if self.on_cuda:
+            return cuda.largest_cuda_batch(self.rehearsal, self.precision, budget_mib)
+        return self.rehearsal.largest_batch(budget_mib)
 
     def predicted_peak(self, batch: int) -> float | None:
-        if not batch:
+        if not batch or self.rehearsal is None:
             return None
-        config = {**self.config, "data": {**self.config["data"], "batch_size": batch}}
-        if self.resident is not None:
-            return cuda.predict_cuda_peak(self.profile, config, self.resident).allocated_mib
-        return planner.predict_peak_mib(self.profile, config)["total"]
+        if self.on_cuda:
+            return cuda.predict_cuda_peak(self.rehearsal, batch, self.precision).allocated_mib
+        return self.rehearsal.peak(batch)["total"]
 
     def run(self, batch: int, **extra: Any) -> dict:
         # The run a few percent over may share its batch with an attempt that missed the budget: as repeat 1
@@ -89,8 +95,7 @@ def _confirmed_batch(runs: _BudgetRuns, batch: int) -> int | None:
     method = PLANNER
     for attempt in (1, 2):
         record = runs.run(batch, role="confirm", attempt=attempt, predicted_batch=batch,
-                          predicted_peak_mib=predicted, prediction_method=method,
-                          from_run_id=runs.profile.get("run_id"))
+                          predicted_peak_mib=predicted, prediction_method=method)
         if runs.fits(record):
             return batch
         peak = peak_mib(record)
@@ -113,8 +118,8 @@ def _largest_batch(runs: _BudgetRuns) -> None:
     batch = runs.largest(runs.budget_mib)
     if batch < 1:
         why = "the fixed part alone exceeds it"
-        if runs.profile is None:
-            why = "no profile of the baseline to predict from"
+        if runs.rehearsal is None:
+            why = f"no prediction: {runs.why_not}"
         say(f"{name} (budget): skipped ({why})")
         return
     runs.progress.add_runs(2)

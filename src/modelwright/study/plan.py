@@ -286,12 +286,21 @@ def _config_hash(resolved: dict, slug: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
+def network_class_path(name: str) -> str:
+    """A plan's or the command line's network: a built-in's short name (``vit``) or a class path."""
+    from modelwright.train.models import SHORT_NAMES
+
+    if name in SHORT_NAMES:
+        return f"modelwright.train.models.{SHORT_NAMES[name]}"
+    return name
+
+
 def _first_overrides(entry: Entry, settings: Settings) -> dict[str, Any]:
     """In order: model, the command line's, the entry's. A window of a few steps is no schedule's intended
     length: a constant learning rate keeps runs comparable."""
     overrides: dict[str, Any] = {"model.scheduler": "none"}
     if settings.model:
-        overrides["model.model_name"] = settings.model
+        overrides["model.network"] = network_class_path(settings.model)
     overrides = overrides | settings.overrides | entry.overrides
     if settings.accelerator != "auto":
         overrides["trainer.accelerator"] = settings.accelerator

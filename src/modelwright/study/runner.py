@@ -19,7 +19,8 @@ import yaml
 from tqdm import tqdm
 
 from modelwright import REPO_ROOT, fmt, planner
-from modelwright.errors import ConfigError
+from modelwright.errors import ConfigError, one_line
+from modelwright.techniques import configured_section
 from modelwright.record import (
     append_record,
     build_record,
@@ -140,54 +141,14 @@ def failure_record(spec: RunSpec, status: str, error: str, run_id: str, accelera
     from modelwright.measure import hardware_info, versions  # torch: only needed on this path
 
     resolved = spec.resolved
-    techniques = {"model_name": get_path(resolved, "model.model_name"), "world_size": world_size(resolved),
-                  "accumulate_grad_batches": get_path(resolved, "trainer.accumulate_grad_batches"),
-                  "precision_requested": str(get_path(resolved, "trainer.precision")),
-                  "micro_batch_size": get_path(resolved, "data.batch_size"),
-                  "effective_batch_size": effective_batch(resolved)}
     device = "cuda" if accelerator in ("cuda", "gpu") else "cpu"
     try:
         hardware = hardware_info(device, num_devices=world_size(resolved))
     except Exception:  # no such device in this process: the schema's nulls stay
         hardware = None
+    techniques = configured_section(resolved, world_size(resolved), effective_batch(resolved))
     return build_record(loop="lightning", status=status, error=error, run_id=run_id, command=cmd,
                         config=resolved, techniques=techniques, hardware=hardware, versions=versions())
-
-
-def profile_baseline(resolved: Mapping) -> dict:
-    """One profiled fp32 step (``measure.profile``) of the baseline's model, batch and optimizer, made in this
-    process before any run it predicts: what every prediction of the study starts from."""
-    import torch
-
-    from modelwright.measure.profile import profile_step
-    from modelwright.train.models import build_model, checkpoint_segments
-    from modelwright.train.optim import build_optimizer
-
-    model_args = resolved["model"]
-    batch = int(get_path(resolved, "data.batch_size"))
-    torch.manual_seed(0)
-    layout = torch.channels_last if model_args["channels_last"] else torch.contiguous_format
-    net = build_model(model_args["model_name"], model_args["num_classes"]).to(memory_format=layout)
-    optimizer_keys = ("optimizer", "lr", "momentum", "weight_decay", "optimizer_impl")
-    optimizer = build_optimizer(net.parameters(), **{key: model_args[key] for key in optimizer_keys})
-    images = torch.randn(batch, 3, 32, 32).contiguous(memory_format=layout)
-    labels = torch.randint(0, model_args["num_classes"], (batch,))
-
-    def step() -> None:
-        torch.nn.functional.cross_entropy(net(images), labels).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)  # as the Lightning path and the Accelerate loop do
-
-    step()  # the optimizer's state exists from here on
-    segments = {}
-    for granularity in ("stage", "block"):
-        with contextlib.suppress(ConfigError):
-            segments[granularity] = checkpoint_segments(net, granularity)
-    profile = profile_step(net, step, batch, [optimizer], [images, labels], segments)
-    return {"run_id": f"profile-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}", "created_at": now_iso(),
-            "provenance": provenance(),
-            "techniques": {"model_name": model_args["model_name"], "micro_batch_size": batch},
-            "profile": profile}
 
 
 def say(text: str) -> None:
@@ -228,13 +189,13 @@ class Study:
 
     def __init__(self, plan: Plan, settings: Settings, results_dir: Path, workdir: Path, *,
                  rerun: bool = False, retry_failed: bool = False, run_timeout_s: float | None = None,
-                 cmd: list[str] | None = None, profile: bool = False) -> None:
+                 cmd: list[str] | None = None, predict: bool = False) -> None:
         self.plan = plan
         self.settings = settings
         self.workdir = workdir
         self.records_path = results_dir / "records.jsonl"
         self.predictions_path = results_dir / "predictions.jsonl"
-        self.profile_path = results_dir / "profile.json" if profile else None
+        self.predict = predict
         self.rerun = rerun
         self.retry_failed = retry_failed
         self.run_timeout_s = run_timeout_s
@@ -269,39 +230,21 @@ class Study:
             progress.add_runs(-1)
         say(f"{spec.label}: not run: {why}")
 
-    def baseline(self, model: Any) -> dict | None:
-        """profile.json: the profile of the plan's first run (its baseline) on ``model``, made on first use,
-        or None."""
-        if self.profile_path is None:  # predictions off, or profiling failed
-            return None
-        saved = _read_json(self.profile_path)
-        if saved is not None and get_path(saved, "techniques.model_name") == model:
-            return saved
-        first = build_spec(self.plan.entries[0], 0, self.settings)
-        if get_path(first.resolved, "model.model_name") != model:
-            return None
-        say(f"profiling one step of {first.name} ({model}) for the predictions")
-        try:
-            saved = profile_baseline(first.resolved)
-        except Exception as err:  # the run itself will fail and say why; the study goes on unpredicted
-            say(f"no predictions: profiling {first.name} failed ({type(err).__name__}: {err})")
-            self.profile_path = None
-            return None
-        write_text_atomic(self.profile_path, json.dumps(to_jsonable(saved)) + "\n")
-        return saved
-
     def _predict(self, spec: RunSpec) -> dict | None:
-        """The planner's peak from the baseline's profile, in predictions.jsonl before the run starts: no
-        prediction has seen its measurement. An epoch run captures no memory: nothing to predict."""
-        if spec.kind == "epoch":
+        """The run's peak, predicted by rehearsing its step in this process (:mod:`modelwright.planner.memory`),
+        in predictions.jsonl before the run starts: no prediction has seen its measurement. An epoch run
+        captures no memory: nothing to predict. A step that cannot be rehearsed is said and left unpredicted."""
+        if spec.kind == "epoch" or not self.predict:
             return None
-        base = self.baseline(get_path(spec.resolved, "model.model_name"))
-        if base is None:
+        try:
+            rehearsal = planner.memory.rehearsal(spec.resolved)
+        except Exception as err:  # the run itself will fail and say why, or run unpredicted
+            say(f"{spec.label}: not predicted ({one_line(err)})")
             return None
-        predicted = planner.predict_peak_mib(base, spec.resolved)
+        predicted = rehearsal.peak(int(get_path(spec.resolved, "data.batch_size")))
         prediction = {"run": spec.name, "kind": spec.kind, "repeat": spec.repeat,
-                      "config_hash": spec.config_hash, "from_run_id": base.get("run_id"),
-                      "created_at": now_iso(), "predicted_mib": to_jsonable(predicted)}
+                      "config_hash": spec.config_hash, "created_at": now_iso(), "from": rehearsal.json(),
+                      "predicted_mib": to_jsonable(predicted)}
         append_record(self.predictions_path, prediction, validate=False)
         return prediction
 

@@ -115,3 +115,49 @@ class HeldLogs:
             yield self
         finally:
             self.drop()
+
+
+def given_hyperparameters() -> dict | None:
+    """The hyperparameters LightningCLI hands the class it instantiates (the config as given, a network's
+    ``class_path`` and ``init_args`` included), or None outside LightningCLI
+    (``lightning.pytorch.core.mixins.hparams_mixin._given_hyperparameters``)."""
+    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+
+    given = _given_hyperparameters.get()
+    return None if given is None else dict(given)
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[None]:
+    """A process group of ``world_size`` ranks in this one process, this process rank 0, whose collectives
+    move no data (torch's test backend ``fake``, ``torch.testing._internal.distributed.fake_pg``): DDP's
+    buckets and FSDP2's gathered and scattered blocks are allocated as on rank 0 of a real job."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def set_device_mesh(module: Any, mesh: Any) -> None:
+    """What Lightning's ModelParallelStrategy does before ``configure_model``: the LightningModule's
+    ``device_mesh`` (its private ``_device_mesh``)."""
+    module._device_mesh = mesh
+
+
+def fake_allreduce_hook(state, bucket):  # noqa: ANN001, ANN201 (DDP checks the annotations it finds)
+    """DDP's default all-reduce of a gradient bucket (divided by the ranks, then summed over them) for the fake
+    process group, whose work gives DDP no tensor back: the collective is dispatched (the memory tracker sees
+    the bucket handed to it) and the bucket itself is the result."""
+    import torch
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size())
+    dist.all_reduce(buffer)
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(buffer)
+    return future

@@ -6,37 +6,48 @@ The Accelerate loop parses the sections with them; ImageClassifier and ImageData
 every run at once.
 """
 
+import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal, TypeVar
 
 from modelwright.errors import require
 from modelwright.inputs import require_creatable_folder, require_file, require_folder
-from modelwright.precision import PRECISIONS, precision
+from modelwright.techniques import PRECISIONS, TechniqueArgs, precision
 
 CIFAR10_FILES = (*(f"data_batch_{number}" for number in range(1, 6)), "test_batch", "batches.meta")
 
 
 @dataclass
-class ModelArgs:
-    """``model:``: :class:`~modelwright.train.module.ImageClassifier`'s arguments."""
+class ModelArgs(TechniqueArgs):
+    """``model:``: :class:`~modelwright.train.module.ImageClassifier`'s arguments beside its ``network``: the
+    techniques (:class:`~modelwright.techniques.TechniqueArgs`), then the loss and the schedule.
 
-    model_name: Literal["resnet18", "smallcnn", "vit"] = "resnet18"
-    num_classes: int = 10
-    optimizer: Literal["sgd", "adamw"] = "adamw"
+    Args:
+        num_classes: classes of the data; null: the data module's (``num_classes``), else the network's
+            output width.
+        lr: peak learning rate.
+        momentum: SGD's momentum (ignored by the others).
+        weight_decay: decoupled for AdamW and Adafactor, L2 for SGD.
+        scheduler: learning-rate schedule over the whole fit, stepped per optimizer step.
+        label_smoothing: cross-entropy label smoothing.
+    """
+
+    num_classes: int | None = None
     lr: float = 2e-3
     momentum: float = 0.9
     weight_decay: float = 5e-2
-    optimizer_impl: Literal["auto", "for-loop", "foreach", "fused"] = "auto"
     scheduler: Literal["none", "cosine", "onecycle"] = "onecycle"
-    gradient_checkpointing: Literal["off", "stage", "block"] = "off"
-    channels_last: bool = False
-    compile: bool = False
     label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
-        require(self.num_classes >= 2, f"model.num_classes: must be at least 2, got {self.num_classes}")
+        self.check()
+        require(self.num_classes is None or self.num_classes >= 2,
+                f"model.num_classes: must be at least 2, got {self.num_classes}")
+        for key in ("lr", "momentum", "weight_decay", "label_smoothing"):
+            value = getattr(self, key)
+            require(math.isfinite(value), f"model.{key}: must be a finite number, got {value}")
         require(self.lr > 0, f"model.lr: must be positive, got {self.lr}")
         require(self.weight_decay >= 0, f"model.weight_decay: must be >= 0, got {self.weight_decay}")
         require(0 <= self.momentum < 1, f"model.momentum: must be in [0, 1), got {self.momentum}")
@@ -59,9 +70,14 @@ class DataArgs:
     augment: bool = True
     noise: float = 6.0
     seed: int = 0
+    image_size: int = 32
+    channels: int = 3
 
     def __post_init__(self) -> None:
-        for key in ("batch_size", "train_size", "val_size"):
+        require(self.dataset == "synthetic" or (self.image_size, self.channels) == (32, 3),
+                "data.image_size: CIFAR-10's images are 3×32×32; image_size and channels apply to the "
+                "synthetic set (an image folder: modelwright.train.data.ImageFolderDataModule)")
+        for key in ("batch_size", "train_size", "val_size", "image_size", "channels"):
             require(getattr(self, key) >= 1, f"data.{key}: must be >= 1, got {getattr(self, key)}")
         require(self.num_workers >= 0, f"data.num_workers: must be >= 0, got {self.num_workers}")
         require(self.noise >= 0, f"data.noise: must be >= 0, got {self.noise}")
@@ -89,6 +105,70 @@ class DataArgs:
             path = require_file("data.data_dir", folder / name)
             require(check_integrity(str(path), md5), f"data.data_dir: {path} is not CIFAR-10's (its MD5 "
                     "differs: a corrupt or partial file); remove the folder and set data.download: true")
+
+
+#: What an image folder's files may end in (torchvision's ImageFolder reads these).
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
+
+
+def image_classes(split: Path) -> list[str]:
+    """The class folders of ``split`` (``train/`` or ``val/``) of an image folder, checked: each holds
+    images, and nothing but class folders lies beside them; a ConfigError naming ``data.root`` else."""
+    require_folder("data.root", split)
+    entries = sorted(split.iterdir())
+    loose = [entry.name for entry in entries if not entry.is_dir() and not entry.name.startswith(".")]
+    require(not loose, f"data.root: {split} holds files beside its class folders ({', '.join(loose[:3])}); "
+            f"an image folder is {split.name}/<class>/<image>")
+    classes = [entry.name for entry in entries if entry.is_dir()]
+    require(bool(classes), f"data.root: {split} has no class folders; an image folder is "
+            f"{split.name}/<class>/<image>")
+    for name in classes:
+        files = [path for path in (split / name).iterdir() if not path.name.startswith(".")]
+        images = [path for path in files if path.suffix.lower() in IMAGE_SUFFIXES]
+        require(bool(images), f"data.root: {split / name} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        others = [path.name for path in files if path.suffix.lower() not in IMAGE_SUFFIXES]
+        require(not others, f"data.root: {split / name} holds files that are not images: "
+                f"{', '.join(others[:3])}")
+    return classes
+
+
+@dataclass
+class ImageFolderArgs:
+    """``data:`` of :class:`~modelwright.train.data.ImageFolderDataModule`: torchvision's ImageFolder layout,
+    ``<root>/train/<class>/*.png`` and ``<root>/val/<class>/*.png``."""
+
+    root: str = "data/images"
+    image_size: int = 32
+    channels: Literal[1, 3] = 3
+    batch_size: int = 32
+    num_workers: int = 0
+    persistent_workers: bool = False
+    augment: bool = True
+    mean: list[float] | None = None
+    std: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("batch_size", "image_size"):
+            require(getattr(self, key) >= 1, f"data.{key}: must be >= 1, got {getattr(self, key)}")
+        require(self.num_workers >= 0, f"data.num_workers: must be >= 0, got {self.num_workers}")
+        require(not self.persistent_workers or self.num_workers > 0,
+                "data.persistent_workers: needs data.num_workers > 0")
+        for key in ("mean", "std"):
+            values = getattr(self, key)
+            require(values is None or len(values) == self.channels,
+                    f"data.{key}: one value per channel ({self.channels}), got {values}")
+        require(all(value > 0 for value in self.std or [1]), f"data.std: must be positive, got {self.std}")
+        require_folder("data.root", self.root)
+        train = image_classes(self.root_path / "train")
+        val = image_classes(self.root_path / "val")
+        require(train == val, f"data.root: train/ and val/ name other classes ({', '.join(train)} vs "
+                f"{', '.join(val)})")
+        require(len(train) >= 2, f"data.root: {self.root_path / 'train'} has one class folder; a classifier "
+                "needs two or more")
+
+    @property
+    def root_path(self) -> Path:
+        return Path(self.root)
 
 
 @dataclass
@@ -120,6 +200,7 @@ class TrainerArgs:
     num_sanity_val_steps: int | None = None
 
     def __post_init__(self) -> None:
+        # main.py fit's checks of these values run before: modelwright.train.checks.check_accelerate_run
         mixed = [entry.name for entry in PRECISIONS.values() if entry.accelerate is not None]
         require(precision(self.precision).accelerate is not None,
                 f"trainer.precision: {self.precision!r} is not run by the accelerate loop; "
@@ -130,9 +211,6 @@ class TrainerArgs:
         require(strategy in ("auto", "ddp") or strategy.endswith(".DDPStrategy"),
                 f"trainer.strategy: {strategy} is not run by the accelerate loop (data parallel only); "
                 "use main.py fit")
-        from modelwright.train.checks import check_trainer  # the checks main.py fit makes, one module below
-
-        check_trainer(asdict(self))
 
 
 def limited_batches(length: int, limit: int | float | None) -> int:
@@ -145,7 +223,7 @@ def limited_batches(length: int, limit: int | float | None) -> int:
     return min(length, int(length * limit))
 
 
-Args = TypeVar("Args", ModelArgs, DataArgs)
+Args = TypeVar("Args", ModelArgs, DataArgs, ImageFolderArgs)
 
 
 def from_hparams(cls: type[Args], hparams: Mapping) -> Args:

@@ -13,9 +13,11 @@ import torch
 from modelwright.errors import ConfigError, require
 from modelwright.train._internals import SHARDED_METADATA_FILE, fit_progress, own_hyperparameters
 
-#: The model arguments that fix the network's shapes: a checkpoint with others cannot be loaded at all.
-ARCHITECTURE_KEYS = ("model_name", "num_classes")
-
+def _network(spec: Any) -> tuple[str, dict]:
+    """A network's class path and init_args from a config's or a checkpoint's ``network``."""
+    if not isinstance(spec, Mapping):
+        return str(spec), {}
+    return str(spec.get("class_path")), dict(spec.get("init_args") or {})
 
 def runs(log_root: Path) -> list[Path]:
     """The ``version_N`` folders under ``log_root``, the highest N first."""
@@ -85,16 +87,26 @@ def read_checkpoint(path: str | Path) -> dict:
 
 
 def check_architecture(checkpoint: Mapping, model: Mapping, path: str | Path) -> None:
-    """The checkpoint holds this project's network with the shapes the config asks for, by name."""
+    """The checkpoint holds the config's LightningModule, and (for the project's classifier) its network
+    with the same class and init_args: weights of another shape cannot load."""
     saved = own_hyperparameters(checkpoint.get("hyper_parameters"))
-    require("model_name" in saved, f"ckpt_path: {path} is not a checkpoint of this project's ImageClassifier "
-            "(no model_name among its hyperparameters)")
-    name = saved["model_name"]
-    require(name == model["model_name"], f"ckpt_path: {path} holds {name} weights, but model.model_name is "
-            f"{model['model_name']!r}: they cannot load into it")
-    for key in ARCHITECTURE_KEYS:
-        require(saved.get(key) == model[key], f"ckpt_path: {path} holds {name} weights with {key} "
-                f"{saved.get(key)!r}, but model.{key} is {model[key]!r}: they cannot load into it")
+    saved_class = (checkpoint.get("hyper_parameters") or {}).get("_class_path")
+    wanted_class = model.get("class_path")
+    require(saved_class in (None, wanted_class), f"ckpt_path: {path} is a checkpoint of {saved_class}, but "
+            f"model.class_path is {wanted_class}: it cannot load into it")
+    wanted = model.get("init_args") or {}
+    if "network" not in wanted:  # a LightningModule of the user's: Lightning checks its state_dict
+        return
+    require("network" in saved, f"ckpt_path: {path} was written by an earlier version of the project (no "
+            "network among its hyperparameters); start the run afresh")
+    saved_path, saved_args = _network(saved["network"])
+    wanted_path, wanted_args = _network(wanted["network"])
+    require(saved_path == wanted_path, f"ckpt_path: {path} holds {saved_path} weights, but model.network is "
+            f"{wanted_path}: they cannot load into it")
+    for key in sorted(saved_args.keys() | wanted_args.keys()):
+        require(saved_args.get(key) == wanted_args.get(key), f"ckpt_path: {path} holds {saved_path} weights "
+                f"with {key} {saved_args.get(key)!r}, but model.network.init_args.{key} is "
+                f"{wanted_args.get(key)!r}: they cannot load into it")
 
 
 class RunComplete(Exception):
@@ -134,11 +146,16 @@ MAY_CHANGE_ON_RESUME = (
 
 
 def _flat(config: Mapping) -> dict[str, Any]:
-    """``config``'s top-level values and its sections' keys as ``section.key``; a key's value whole."""
+    """``config``'s top-level values and its sections' keys as ``section.key`` (a section's ``init_args``
+    read as its keys); a key's value whole."""
     flat = {}
     for key, value in config.items():
         if isinstance(value, Mapping) and key in ("trainer", "model", "data"):
-            flat.update({f"{key}.{name}": item for name, item in value.items()})
+            # a section given by class path: its init_args by name, beside the class
+            arguments = value.get("init_args") if isinstance(value.get("init_args"), Mapping) else value
+            flat.update({f"{key}.{name}": item for name, item in arguments.items()})
+            if arguments is not value:
+                flat[f"{key}.class_path"] = value.get("class_path")
         else:
             flat[key] = value
     return flat

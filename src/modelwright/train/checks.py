@@ -10,7 +10,7 @@ from typing import Any
 
 from modelwright.errors import require
 from modelwright.inputs import require_creatable_folder
-from modelwright.train.args import DataArgs, TrainerArgs, limited_batches
+from modelwright.train.args import IMAGE_SUFFIXES, DataArgs, ImageFolderArgs, TrainerArgs, limited_batches
 
 #: CIFAR-10's training images: a larger ``data.train_size`` takes them all.
 CIFAR10_TRAIN_IMAGES = 50_000
@@ -111,24 +111,35 @@ def check_launch(num_nodes: int, environ: Mapping[str, str] = os.environ) -> Non
             "would wait for machines that never come; docs/distributed.md shows the launch")
 
 
-def epoch_batches(data: DataArgs, world_size: int, loop: str) -> int:
-    """Training batches of one epoch per process: the last partial batch is dropped. Lightning's
-    DistributedSampler gives each process ``ceil(samples / processes)`` samples; Accelerate deals whole
-    batches round-robin, repeating the first ones so that every process has as many."""
+def training_samples(data: DataArgs | ImageFolderArgs) -> tuple[int, str]:
+    """The samples of one training epoch, and the key that sets them."""
+    if isinstance(data, ImageFolderArgs):
+        folder = data.root_path / "train"
+        images = [path for path in folder.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES]
+        return len(images), f"data.root ({folder})"
     samples = data.train_size
     if data.dataset == "cifar10":
         samples = min(samples, CIFAR10_TRAIN_IMAGES)
+    return samples, "data.train_size"
+
+
+def epoch_batches(data: DataArgs | ImageFolderArgs, world_size: int, loop: str) -> int:
+    """Training batches of one epoch per process: the last partial batch is dropped. Lightning's
+    DistributedSampler gives each process ``ceil(samples / processes)`` samples; Accelerate deals whole
+    batches round-robin, repeating the first ones so that every process has as many."""
+    samples, _ = training_samples(data)
     if loop == "accelerate":
         return math.ceil((samples // data.batch_size) / world_size)
     return math.ceil(samples / world_size) // data.batch_size
 
 
-def check_run(trainer: Mapping, data: DataArgs, world_size: int, loop: str) -> None:
+def check_run(trainer: Mapping, data: DataArgs | ImageFolderArgs, world_size: int, loop: str) -> None:
     """A run that would train nothing, or whose validation interval its epoch never reaches, refused naming
     the keys that make it so (``loop``: ``lightning`` or ``accelerate``)."""
     batches = epoch_batches(data, world_size, loop)
+    samples, key = training_samples(data)
     per_process = f" per process of {world_size}" if world_size > 1 else ""
-    require(batches > 0, f"data.train_size: {data.train_size} samples make no whole batch of data.batch_size "
+    require(batches > 0, f"{key}: {samples} samples make no whole batch of data.batch_size "
             f"{data.batch_size}{per_process} (a partial batch is dropped): the run would train nothing")
     limit = trainer.get("limit_train_batches")
     limited = limited_batches(batches, limit)
@@ -138,15 +149,16 @@ def check_run(trainer: Mapping, data: DataArgs, world_size: int, loop: str) -> N
     validates = trainer.get("check_val_every_n_epoch") is not None and trainer.get("limit_val_batches") != 0
     if _is_count(interval) and validates:
         require(interval <= limited, f"trainer.val_check_interval: {interval} batches, but an epoch has "
-                f"{limited} (data.train_size {data.train_size}, data.batch_size {data.batch_size}"
-                f"{per_process}); at most {limited}, a fraction, or check_val_every_n_epoch: null")
+                f"{limited} ({samples} samples, data.batch_size {data.batch_size}{per_process}); at most "
+                f"{limited}, a fraction, or check_val_every_n_epoch: null")
 
 
-def check_accelerate_run(data: DataArgs, trainer: TrainerArgs, out: str) -> None:
+def check_accelerate_run(data: DataArgs | ImageFolderArgs | None, trainer: TrainerArgs, out: str) -> None:
     """The Accelerate loop's arguments, before any work: what ``main.py fit`` checks, for the processes its
     launcher started (``WORLD_SIZE``), and the output folder."""
     settings = asdict(trainer)
     check_trainer(settings)
     check_launch(trainer.num_nodes)
     require_creatable_folder("out", out)
-    check_run(settings, data, int(os.environ.get("WORLD_SIZE", "1")), loop="accelerate")
+    if data is not None:  # a data module of the user's: its own loaders say
+        check_run(settings, data, int(os.environ.get("WORLD_SIZE", "1")), loop="accelerate")

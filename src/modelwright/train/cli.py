@@ -15,22 +15,23 @@ import logging
 import os
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 from torch.distributed import DistStoreError
 
-from modelwright import CONFIGS_DIR, resolve_config_args
+from modelwright import CONFIGS_DIR, importable_working_folder, resolve_config_args
 from modelwright.errors import ConfigError, one_line, require
 from modelwright.inputs import require_creatable_folder
-from modelwright.record import os_error
+from modelwright.record import os_error, to_jsonable
 from modelwright.train._internals import HeldLogs
-from modelwright.train.args import DataArgs, ModelArgs, from_hparams
+from modelwright.train.args import DataArgs, ImageFolderArgs, ModelArgs, from_hparams
 from modelwright.train.checkpoints import (
     RunComplete,
     check_architecture,
@@ -40,7 +41,7 @@ from modelwright.train.checkpoints import (
     resume_differences,
 )
 from modelwright.train.checks import check_launch, check_run, check_trainer
-from modelwright.train.data import ImageDataModule
+from modelwright.train.data import ImageDataModule, ImageFolderDataModule
 from modelwright.train.module import ImageClassifier
 from modelwright.train.runtime import set_cpu_malloc
 
@@ -77,14 +78,35 @@ def _logger_args(trainer) -> Any:
     return logger.get("init_args")
 
 
+#: The data modules whose arguments are checked before anything is built, by the dataclass of each.
+_DATA_ARGS = {ImageDataModule: DataArgs, ImageFolderDataModule: ImageFolderArgs}
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_sections(config) -> None:
+    """The model's and data's arguments where they are the project's classes (their dataclasses check
+    themselves); a class of the user's checks its own when it is built."""
+    model = to_jsonable(config["model"])
+    if model.get("class_path") == class_path(ImageClassifier):
+        arguments = dict(model.get("init_args") or {})
+        arguments.pop("network", None)
+        ModelArgs(**arguments)
+    data = to_jsonable(config["data"])
+    for cls, args in _DATA_ARGS.items():
+        if data.get("class_path") == class_path(cls):
+            from_hparams(args, data.get("init_args") or {})
+
+
 def _check_config(config) -> None:
-    """The parsed config, before anything is built: the trainer's values, the model's and data's (their
-    dataclasses check themselves), a multi-node launch, the log folder."""
+    """The parsed config, before anything is built: the trainer's values, the model's and data's, a
+    multi-node launch, the log folder."""
     trainer = config["trainer"]
     check_trainer(trainer)
     check_launch(trainer.get("num_nodes"))
-    from_hparams(ModelArgs, config["model"])
-    from_hparams(DataArgs, config["data"])
+    _check_sections(config)
     logger_args = _logger_args(trainer)
     if logger_args is not None and logger_args.get("save_dir"):
         require_creatable_folder("trainer.logger.init_args.save_dir", logger_args["save_dir"])
@@ -155,8 +177,11 @@ def _cli_kwargs() -> dict:
     # allow_abbrev: --trainer.max_epoch would be taken for --trainer.max_epochs, a typo accepted unseen
     subcommand = {"default_config_files": [str(BASE_CONFIG)], "exit_on_error": False, "allow_abbrev": False}
     return {
-        "model_class": ImageClassifier,
-        "datamodule_class": ImageDataModule,
+        # Any LightningModule and LightningDataModule by class path; configs/base.yaml names the project's.
+        "model_class": LightningModule,
+        "datamodule_class": LightningDataModule,
+        "subclass_mode_model": True,
+        "subclass_mode_data": True,
         "parser_kwargs": {"exit_on_error": False, "allow_abbrev": False, "fit": subcommand,
                           "validate": subcommand, "test": subcommand},
         "save_config_kwargs": {"overwrite": True},
@@ -221,11 +246,24 @@ class ModelwrightCLI(LightningCLI):
         except (MisconfigurationException, ValueError, TypeError) as err:
             raise _trainer_error(err) from None
 
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except ConfigError:
+            raise
+        except (TypeError, ValueError, RuntimeError, ImportError, AttributeError, OSError) as err:
+            if isinstance(err, (MisconfigurationException, DistStoreError)):
+                raise
+            # the user's own class refused its arguments, or failed to build
+            raise ConfigError(f"model/data: building the config's classes failed: {one_line(err)}") from err
+
     def after_instantiate_classes(self) -> None:
         config = self.run_config
+        check_data(self.model, self.datamodule)
         # Now that the Trainer knows how many processes there are: a run that would train nothing.
-        if self.subcommand in (None, "fit"):
-            check_run(config["trainer"], self.datamodule.args, self.trainer.world_size, loop="lightning")
+        data_args = getattr(self.datamodule, "args", None)
+        if self.subcommand in (None, "fit") and isinstance(data_args, (DataArgs, ImageFolderArgs)):
+            check_run(config["trainer"], data_args, self.trainer.world_size, loop="lightning")
         requested = str(config["trainer"].get("precision"))
         actual = str(self.trainer.precision)
         if requested != actual:
@@ -233,6 +271,12 @@ class ModelwrightCLI(LightningCLI):
             say(f"precision: requested {requested}, running {actual} on {accelerator}; the run is recorded "
                 f"as {actual}")
         self.startup_logs.release()
+
+
+def check_data(model: LightningModule, datamodule: LightningDataModule | None) -> None:
+    """The project's classifier against the data's classes and image shape, before any work."""
+    if isinstance(model, ImageClassifier):
+        model.check_data(getattr(datamodule, "num_classes", None), getattr(datamodule, "input_shape", None))
 
 
 class _Parsed(Exception):
@@ -264,6 +308,57 @@ def resolved_config(args: list[str]) -> dict:
     except argparse.ArgumentError as err:
         raise ConfigError(one_line(err)) from None
     raise AssertionError("_ParseOnly returned without a config")
+
+
+@dataclass
+class Job:
+    """A training job as ``main.py fit`` would build it: the resolved config (JSON-ready), the LightningModule
+    and the LightningDataModule, instantiated after seeding, checked, and no Trainer."""
+
+    config: dict
+    model: LightningModule
+    datamodule: LightningDataModule | None
+
+
+#: An argument a tool adds to the job's: its type, default and help.
+Extra = tuple[Any, Any, str]
+
+
+class _JobOnly(ModelwrightCLI):
+    """ModelwrightCLI that builds the model and the data (seeded as a fit seeds them) and stops there; with
+    arguments of the calling tool's own (``extra``)."""
+
+    def __init__(self, *args: Any, extra: dict[str, Extra] | None = None, **kwargs: Any) -> None:
+        self.extra = extra or {}
+        super().__init__(*args, **kwargs)
+
+    def add_arguments_to_parser(self, parser) -> None:
+        super().add_arguments_to_parser(parser)
+        for name, (kind, default, text) in self.extra.items():
+            parser.add_argument(f"--{name}", type=kind, default=default, help=text)
+
+    def instantiate_trainer(self, **kwargs):
+        return None
+
+    def after_instantiate_classes(self) -> None:
+        check_data(self.model, self.datamodule)
+        self.startup_logs.release()
+
+
+def build_job(args: list[str], extra: dict[str, Extra] | None = None) -> Job:
+    """The job ``main.py fit ARGS`` would train (``--config`` files, ``--key=value`` flags), built in this
+    process; a refusal is its one-line :class:`ConfigError`."""
+    kwargs = _cli_kwargs()
+    kwargs["parser_kwargs"] = kwargs["parser_kwargs"]["fit"]
+    startup_logs = HeldLogs()
+    try:
+        with startup_logs.dropped_unless_released():
+            cli = _JobOnly(**kwargs, args=resolve_config_args(args), run=False, startup_logs=startup_logs,
+                           extra=extra)
+    except argparse.ArgumentError as err:
+        raise ConfigError(one_line(err)) from None
+    config = yaml.safe_load(cli.parser.dump(cli.config, skip_unset=False))
+    return Job(config, cli.model, cli.datamodule)
 
 
 def _generic_optimizer_flag(argv: list[str]) -> None:
@@ -307,6 +402,7 @@ def cli_main(args: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0, 2 for a configuration error, 1 for a diverged run or a
     full disk)."""
     argv = sys.argv[1:] if args is None else list(args)
+    importable_working_folder()
     startup_logs = HeldLogs()
     try:
         with startup_logs.dropped_unless_released():  # a refused run prints none of Lightning's start-up

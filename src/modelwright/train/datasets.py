@@ -1,4 +1,5 @@
-"""Datasets and loaders without Lightning: synthetic CIFAR-shaped images (default, offline) or real CIFAR-10.
+"""Datasets and loaders without Lightning: synthetic CIFAR-shaped images (default, offline), real CIFAR-10, or
+an image folder of one's own.
 
 The synthetic set is learnable: each class has a smooth random prototype image; a sample is its class's
 prototype, shifted a few pixels, scaled in contrast and buried in Gaussian noise. A CNN separates the
@@ -6,27 +7,29 @@ classes within a few dozen steps, so ``val/acc`` rises well above chance (10%) i
 same seed always gives the same tensors on every rank and every machine.
 """
 
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.nn import functional
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
-from modelwright.train.args import DataArgs
+from modelwright.train.args import DataArgs, ImageFolderArgs
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
 def synthetic_images(count: int, num_classes: int = 10, seed: int = 0, noise: float = 6.0,
-                     image_size: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
-    """``count`` images (float32, N×3×H×W, roughly zero-mean unit-variance) and their labels.
+                     image_size: int = 32, channels: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` images (float32, N×C×H×W, roughly zero-mean unit-variance) and their labels.
 
-    The class prototypes depend on ``num_classes`` and ``image_size`` only (fixed seed), so a training and a
+    The class prototypes depend on ``num_classes``, ``image_size`` and ``channels`` only (fixed seed), so a
+    training and a
     validation set drawn with different ``seed`` share classes.
     """
     proto_gen = torch.Generator().manual_seed(1234)
-    coarse = torch.randn(num_classes, 3, 4, 4, generator=proto_gen)
+    coarse = torch.randn(num_classes, channels, 4, 4, generator=proto_gen)
     size = (image_size, image_size)
     protos = functional.interpolate(coarse, size=size, mode="bicubic", align_corners=False)
     protos = (protos - protos.mean(dim=(1, 2, 3), keepdim=True)) / protos.std(dim=(1, 2, 3), keepdim=True)
@@ -49,8 +52,9 @@ def image_datasets(args: DataArgs, download: bool = False) -> tuple[Dataset, Dat
     """The training and validation sets ``args`` describe (``download``: fetch CIFAR-10 first if it is
     missing)."""
     if args.dataset == "synthetic":
-        train = TensorDataset(*synthetic_images(args.train_size, seed=args.seed, noise=args.noise))
-        val = TensorDataset(*synthetic_images(args.val_size, seed=args.seed + 1, noise=args.noise))
+        shape = {"image_size": args.image_size, "channels": args.channels, "noise": args.noise}
+        train = TensorDataset(*synthetic_images(args.train_size, seed=args.seed, **shape))
+        val = TensorDataset(*synthetic_images(args.val_size, seed=args.seed + 1, **shape))
         return train, val
     from torchvision import transforms
     from torchvision.datasets import CIFAR10
@@ -67,7 +71,47 @@ def image_datasets(args: DataArgs, download: bool = False) -> tuple[Dataset, Dat
     return train_subset, val_subset
 
 
-def image_loader(dataset: Dataset, args: DataArgs, train: bool, cls: type = DataLoader,
+#: ImageNet's channel statistics (torchvision's pretrained weights expect them); a grey image's: 0.5.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _rgb(image: Any) -> Any:
+    return image.convert("RGB")
+
+
+def folder_transforms(args: ImageFolderArgs, train: bool) -> Any:
+    """Resized to ``image_size`` square (grey for one channel), randomly flipped and cropped with 1/8
+    padding when training with ``augment``, as tensors normalised by ``mean`` and ``std`` (ImageNet's for
+    RGB, 0.5 for grey, unless given)."""
+    from torchvision import transforms
+
+    grey = args.channels == 1
+    mean = args.mean or ([0.5] if grey else list(IMAGENET_MEAN))
+    std = args.std or ([0.5] if grey else list(IMAGENET_STD))
+    steps = [transforms.Resize((args.image_size, args.image_size))]
+    if grey:
+        steps.append(transforms.Grayscale(1))
+    else:
+        steps.append(transforms.Lambda(_rgb))
+    if train and args.augment:
+        padding = max(1, args.image_size // 8)
+        steps += [transforms.RandomCrop(args.image_size, padding=padding), transforms.RandomHorizontalFlip()]
+    steps += [transforms.ToTensor(), transforms.Normalize(mean, std)]
+    return transforms.Compose(steps)
+
+
+def image_folder_datasets(args: ImageFolderArgs) -> tuple[Dataset, Dataset]:
+    """``<root>/train`` and ``<root>/val`` as torchvision ``ImageFolder`` datasets."""
+    from torchvision.datasets import ImageFolder
+
+    root = Path(args.root)
+    train = ImageFolder(str(root / "train"), transform=folder_transforms(args, train=True))
+    val = ImageFolder(str(root / "val"), transform=folder_transforms(args, train=False))
+    return train, val
+
+
+def image_loader(dataset: Dataset, args: DataArgs | ImageFolderArgs, train: bool, cls: type = DataLoader,
                  **extra: Any) -> DataLoader:
     """A loader over ``dataset``; for training shuffled (unless ``extra`` brings a sampler), partial batch
     dropped.

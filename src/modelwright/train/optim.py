@@ -1,22 +1,9 @@
-"""The optimizer and learning-rate schedule of every loop (Lightning's and the Accelerate loop); no
-Lightning."""
+"""The learning-rate schedule of every loop (Lightning's and the Accelerate loop); no Lightning. The optimizer
+is a technique: :func:`modelwright.techniques.build_optimizer`."""
 
 import math
 
 import torch
-
-
-def build_optimizer(params, *, optimizer: str, lr: float, momentum: float, weight_decay: float,
-                    optimizer_impl: str = "auto") -> torch.optim.Optimizer:
-    """SGD (Nesterov momentum when ``momentum > 0``) or AdamW; ``optimizer_impl`` forces
-    for-loop/foreach/fused."""
-    by_impl = {"auto": {}, "fused": {"fused": True}, "foreach": {"foreach": True},
-               "for-loop": {"foreach": False}}
-    kernel = by_impl[optimizer_impl]
-    if optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, nesterov=momentum > 0,
-                               weight_decay=weight_decay, **kernel)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kernel)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, scheduler: str, *, lr: float,
