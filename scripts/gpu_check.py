@@ -104,7 +104,7 @@ def check_one_step(workdir: Path) -> str:
     from modelwright.train.cli import cli_main
 
     with contextlib.redirect_stdout(sys.stderr):
-        code = cli_main(["fit", "--model.model_name", "smallcnn", "--data.batch_size", "8",
+        code = cli_main(["fit", "--model.network", "SmallCNN", "--data.batch_size", "8",
                          "--data.train_size", "16", "--data.val_size", "8", "--trainer.accelerator", "cpu",
                          "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false",
                          "--trainer.logger.init_args.save_dir", str(workdir / "one-step")])

@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from modelwright.train.models import SmallCNN, SmallViT
 from modelwright.train.data import ImageDataModule
 from modelwright.train.module import ImageClassifier
 
@@ -21,7 +22,7 @@ class GradientCapture(pl.Callback):
 
 def _first_step_gradient(tmp_path, batch_size: int, accumulate: int) -> dict[str, torch.Tensor]:
     pl.seed_everything(0)
-    model = ImageClassifier(model_name="vit", optimizer="sgd", momentum=0.0, weight_decay=0.0, scheduler="none")
+    model = ImageClassifier(network=SmallViT(), optimizer="sgd", momentum=0.0, weight_decay=0.0, scheduler="none")
     data = ImageDataModule(batch_size=batch_size, train_size=16, val_size=8)
     capture = GradientCapture()
     trainer = pl.Trainer(
@@ -53,7 +54,7 @@ def _fit_anatomy(tmp_path, monkeypatch, free_after_step: bool):
     if not free_after_step:  # Lightning's own order: gradients freed only after the next forward
         monkeypatch.setattr(ImageClassifier, "optimizer_step", pl.LightningModule.optimizer_step)
     pl.seed_everything(0)
-    model = ImageClassifier(model_name="smallcnn", scheduler="none")
+    model = ImageClassifier(network=SmallCNN(), scheduler="none")
     monitor = RunMonitor(warmup_steps=1, summary=False, record_path=str(tmp_path / 'record.json'))
     trainer = pl.Trainer(
         accelerator="cpu", max_steps=2, callbacks=[monitor], logger=False, enable_checkpointing=False,

@@ -22,7 +22,7 @@ from conftest import REPO_ROOT, fit_args
 from modelwright.__main__ import main as tool_main
 from modelwright.train.cli import cli_main
 
-SMALL = ["--model.model_name", "smallcnn", "--trainer.max_steps", "2"]
+SMALL = ["--model.network", "SmallCNN", "--trainer.max_steps", "2"]
 
 #: name → (extra fit arguments, what the one line must name). ``{tmp}`` is the test's folder.
 FIT = {
@@ -46,7 +46,7 @@ FIT = {
     "unknown malloc mode": (["--cpu_malloc", "fast"], "cpu_malloc"),
     "generic optimizer flag": (["--optimizer", "Adam"], "optimizer"),
     "negative lr": (["--model.lr", "-0.1"], "model.lr"),
-    "granularity the model lacks": (["--model.model_name", "vit", "--model.gradient_checkpointing", "stage"],
+    "granularity the model lacks": (["--model.network", "SmallViT", "--model.gradient_checkpointing", "stage"],
                                     "model.gradient_checkpointing"),
     "zero validation size": (["--data.val_size", "0"], "data.val_size"),
     # values Lightning refuses, or accepts and then breaks on
@@ -147,7 +147,7 @@ TOOLS = {
 }
 STUDY = ["--slug", "cpu-test", "--accelerator", "cpu", "--results", "{tmp}/results", "--workdir",
          "{tmp}/work", "--readme", "null", "--dry_run", "true"]
-ACCELERATE = ["--model.model_name", "smallcnn", "--data.batch_size", "8", "--data.train_size", "32",
+ACCELERATE = ["--model.network", "SmallCNN", "--data.batch_size", "8", "--data.train_size", "32",
               "--data.val_size", "16", "--trainer.max_steps", "2", "--out", "{tmp}/out"]
 
 

@@ -22,10 +22,10 @@ from callbacks.model_summary import FlopsModelSummary
 from callbacks.run_monitor import RunMonitor
 from modelwright.fmt import duration, flop_count, pct, sig
 from modelwright.measure import MIB, error_status, hardware_peak, training_flops
-from modelwright.record import read_record, validate_record
+from modelwright.record import get_path, read_record, validate_record
 from modelwright.train.cli import cli_main
 from modelwright.train.data import ImageDataModule
-from modelwright.train.models import build_model
+from modelwright.train.models import ResNet18, SmallCNN, SmallViT
 from modelwright.train.module import ImageClassifier
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,7 +62,7 @@ def small_data(batch_size: int = 8, train_size: int = 48) -> ImageDataModule:
 
 def small_model(**kwargs) -> ImageClassifier:
     torch.manual_seed(0)
-    return ImageClassifier(model_name="smallcnn", scheduler="none", **kwargs)
+    return ImageClassifier(network=SmallCNN(), scheduler="none", **kwargs)
 
 
 def test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record(tmp_path):
@@ -103,7 +103,7 @@ def test_short_run_logs_perf_and_mem_scalars_and_writes_a_valid_record(tmp_path)
     assert tech["optimizer"] == "adamw" and tech["optimizer_impl"].startswith("torch.optim.AdamW[")
 
     flops = record["flops"]
-    assert flops["flops_per_step"] == training_flops(build_model("smallcnn"), torch.zeros(8, 3, 32, 32))
+    assert flops["flops_per_step"] == training_flops(SmallCNN(), torch.zeros(8, 3, 32, 32))
     assert flops["peak_flops_source"] == "config" and flops["peak_flops_per_s"] == PEAK
     assert flops["mfu"] == pytest.approx(flops["flops_per_step"] / median_s / PEAK)
 
@@ -140,7 +140,7 @@ def test_accumulation_cycles_and_flops_per_step(tmp_path):
     tech = record["techniques"]
     assert tech["accumulate_grad_batches"] == 2 and tech["micro_batch_size"] == 4
     assert tech["effective_batch_size"] == 8
-    micro = training_flops(build_model("smallcnn"), torch.zeros(4, 3, 32, 32))
+    micro = training_flops(SmallCNN(), torch.zeros(4, 3, 32, 32))
     assert record["flops"]["flops_per_step"] == 2 * micro
     # The capture spans both micro-batches: the second one's peak, the higher, holds the first one's gradients.
     param_bytes = sum(p.numel() * p.element_size() for p in model.net.parameters())
@@ -161,7 +161,7 @@ class _Failing(ImageClassifier):
 def test_failed_run_writes_a_failed_record_and_leaves_no_tracker(tmp_path):
     trainer = measured_trainer(tmp_path)
     # Fails inside step 2, while the memory anatomy is being captured.
-    model = _Failing(2, RuntimeError("boom\nsecond line"), model_name="smallcnn", scheduler="none")
+    model = _Failing(2, RuntimeError("boom\nsecond line"), network=SmallCNN(), scheduler="none")
     with pytest.raises(RuntimeError, match="boom"):
         trainer.fit(model, small_data())
     record = read_record(Path(trainer.logger.log_dir) / "record.json")
@@ -172,7 +172,7 @@ def test_failed_run_writes_a_failed_record_and_leaves_no_tracker(tmp_path):
 
 def test_interrupted_run_is_recorded(tmp_path):
     trainer = measured_trainer(tmp_path)
-    model = _Failing(3, KeyboardInterrupt(), model_name="smallcnn", scheduler="none")
+    model = _Failing(3, KeyboardInterrupt(), network=SmallCNN(), scheduler="none")
     handler = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises(SystemExit):  # Lightning's graceful shutdown exits after the hooks ran
@@ -194,7 +194,7 @@ class _Diverging(ImageClassifier):
 def test_a_nonfinite_loss_stops_the_run_and_is_recorded_diverged(tmp_path):
     trainer = measured_trainer(tmp_path, max_steps=4)
     with pytest.raises(FloatingPointError, match="train/loss is nan at step 2"):
-        trainer.fit(_Diverging(model_name="smallcnn", scheduler="none"), small_data())
+        trainer.fit(_Diverging(network=SmallCNN(), scheduler="none"), small_data())
     record = read_record(Path(trainer.logger.log_dir) / "record.json")
     assert record["status"] == "diverged" and "step 2" in record["error"]
     assert record["faults"]["diverged"] is True and record["faults"]["diverged_at_step"] == 2
@@ -222,7 +222,7 @@ def test_base_config_callbacks_through_the_cli(tmp_path, monkeypatch):
             "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false",
             "--trainer.num_sanity_val_steps=0",
-            "--model.model_name=smallcnn",
+            "--model.network=SmallCNN",
             "--model.scheduler=none",
             "--data.batch_size=4",
             "--data.train_size=32",
@@ -236,7 +236,10 @@ def test_base_config_callbacks_through_the_cli(tmp_path, monkeypatch):
     assert record["techniques"]["precision"] == "bf16-mixed"  # what ran on CPU
     assert record["techniques"]["precision_requested"] == "16-mixed"  # what was asked for
     assert record["config"]["trainer"]["precision"] == "16-mixed"
-    assert record["config"]["model"]["model_name"] == "smallcnn"
+    assert get_path(record["config"], "model.class_path") == "modelwright.train.module.ImageClassifier"
+    assert get_path(record["config"], "model.init_args")["network"]["class_path"] == "modelwright.train.models.SmallCNN"
+    assert record["techniques"]["model_name"] == "smallcnn"
+    assert record["techniques"]["network"] == "modelwright.train.models.SmallCNN"
     peak = hardware_peak("cpu", torch.bfloat16)  # the peak of the run's compute dtype
     assert record["flops"]["peak_flops_dtype"] == "bfloat16"
     assert record["flops"]["peak_flops_per_s"] == peak.flops_per_s
@@ -290,7 +293,7 @@ def test_a_run_reports_itself_on_the_terminal_and_in_tensorboard(tmp_path, capsy
     out = capsys.readouterr().out
     summary = out[out.index("Run " + record["run_id"]):]
     timing, mem, fl = record["timing"], record["memory"], record["flops"]
-    assert "technique   32-true, micro-batch 8 x accumulate 1, checkpointing off, single_device x 1" in summary
+    assert "technique   32-true, micro-batch 8 × accumulate 1, checkpointing off, single_device ×1, AdamW for-loop" in summary
     assert f"median {sig(timing['step_time_median_ms'])} ms, p90 {sig(timing['step_time_p90_ms'])}" in summary
     assert f"throughput  {sig(timing['samples_per_s'])} samples/s" in summary
     parts = {k: v for k, v in mem["anatomy_mib"].items() if k not in ("total", "inputs") and v}
@@ -332,7 +335,7 @@ def test_fast_dev_run_writes_nothing_in_the_working_directory(tmp_path, monkeypa
     run_dir.mkdir()
     monkeypatch.chdir(run_dir)
     monkeypatch.setenv("MODELWRIGHT_CACHE_DIR", str(tmp_path / "cache"))
-    args = ["fit", "--trainer.fast_dev_run=1", "--trainer.enable_progress_bar=false", "--model.model_name=smallcnn",
+    args = ["fit", "--trainer.fast_dev_run=1", "--trainer.enable_progress_bar=false", "--model.network=SmallCNN",
             "--model.scheduler=none", "--data.batch_size=4", "--data.train_size=16", "--data.val_size=4"]
     assert cli_main(args) == 0
     assert sorted(p.name for p in run_dir.rglob("*")) == []  # was checkpoints/last.ckpt and record.json

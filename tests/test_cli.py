@@ -38,7 +38,7 @@ def test_config_trains(config, tmp_path):
     small CNN stands in for resnet18: the point is the file's techniques together, and bf16 is emulated on
     many CPUs."""
     rc = cli_main(fit_args(tmp_path, "--config", f"configs/{config}", "--trainer.max_steps", "2",
-                           "--model.model_name", "smallcnn"))
+                           "--model.network", "SmallCNN"))
     assert rc == 0
     (version,) = _versions(tmp_path)
     assert (version / "config.yaml").is_file(), "the resolved config is saved beside the logs"
@@ -73,14 +73,14 @@ def test_print_config_shows_the_merged_config(tmp_path, capsys):
 def test_precision_change_is_said_and_applied(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="modelwright"):
         rc = cli_main(fit_args(tmp_path, "--trainer.precision", "16-mixed", "--trainer.max_steps", "1",
-                               "--model.model_name", "smallcnn"))
+                               "--model.network", "SmallCNN"))
     assert rc == 0
     assert "requested 16-mixed, running bf16-mixed" in caplog.text
 
 
 def test_resume_from_last(tmp_path):
     # No schedule: a one-cycle schedule's length depends on max_epochs, which the resumed run changes.
-    small = ["--model.model_name", "smallcnn", "--model.scheduler", "none"]
+    small = ["--model.network", "SmallCNN", "--model.scheduler", "none"]
     common = fit_args(tmp_path, *small, "--trainer.max_epochs", "1")
     assert cli_main(common) == 0
     # Another seed: a fresh start would initialise other weights and draw another data order.

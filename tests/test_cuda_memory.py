@@ -1,6 +1,6 @@
-"""The GPU memory model (modelwright.planner.cuda): the caching allocator's rounding on hand-made cases, the
-committed H200 predictions reproduced from the committed CPU profile, and, on a CUDA machine, the allocator's
-rules and the cuBLAS workspaces read off the real allocator."""
+"""The GPU memory model (modelwright.planner.cuda): the caching allocator's rounding on hand-made cases, each
+tensor of a rehearsed peak rounded, the committed H200 predictions reproduced by rehearsing the rows again,
+and, on a CUDA machine, the allocator's rules and the cuBLAS workspaces read off the real allocator."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from modelwright import REPO_ROOT
+from modelwright.measure.memtracker import TRACKER_TO_CATEGORY
+from modelwright.measure.rehearsal import CATEGORIES, Rehearsal, Timeline
 from modelwright.planner import cuda
-from modelwright.planner.memory import MIB, step_setup
-from modelwright.planner.step_profile import read_profile
+from modelwright.planner.memory import MIB
 
 PREDICTIONS = REPO_ROOT / "results" / "cuda-nvidia-h200" / "predicted-before-gpu.json"
 KIB = 1024
@@ -49,63 +50,73 @@ def test_the_allocator_rounding_as_documented(request_bytes, rounded, small, seg
     assert cuda.fresh_block_bytes(request_bytes) == fresh
 
 
-def test_resident_blocks_round_each_tensor_and_count_the_optimizer_words():
-    profile = read_profile({"profile": {"batch_size": 8, "parameters": 74, "largest_param_bytes": 256,
-                                        "units": [], "storages": [], "segments": {}, "peak_bytes": {}}})
-    resident = cuda.Resident(parameter_bytes=(40, 256), buffer_bytes=(8,))
-    blocks = cuda.state_blocks(profile, {"model.optimizer": "adamw"}, resident)
-    assert cuda.rounding_bytes(blocks.parameters) == (512 - 40) + (512 - 256)
-    assert len(blocks.optimizer_state) == 4  # AdamW: two moments per parameter
-    assert blocks.small_bytes() == (2 + 2 + 4 + 1) * 512  # weights, gradients, moments, the buffer: 512 B each
-    sgd = cuda.state_blocks(profile, {"model.optimizer": "sgd", "model.momentum": 0.9}, resident)
-    assert len(sgd.optimizer_state) == 2
+def _rehearsal(tensors_small: list[tuple[str, int]], tensors_large: list[tuple[str, int]],
+               module_types: frozenset[str] = frozenset()) -> Rehearsal:
+    """A rehearsal by hand: one operation, after which these tensors (MemTracker's type, bytes) are alive, at
+    micro-batches 2 and 4."""
+    def timeline(batch: int, tensors: list[tuple[str, int]]) -> Timeline:
+        counted = dict.fromkeys(CATEGORIES, 0)
+        for kind, size in tensors:
+            category = TRACKER_TO_CATEGORY[kind]
+            if category in counted:
+                counted[category] += size
+        alive = tuple((0, None, ((0, kind),), size) for kind, size in tensors)
+        return Timeline(batch, (counted,), ("op",), alive)
+
+    return Rehearsal.of([timeline(2, tensors_small), timeline(4, tensors_large)], "by hand", module_types)
 
 
-def test_auto_optimizer_is_foreach_on_cuda_only():
-    profile = read_profile(json.loads((REPO_ROOT / "results/cpu-amd-epyc-avx2-2cores/profile.json").read_text()))
-    assert step_setup(profile, {"trainer.accelerator": "cuda"}).optimizer_impl == "foreach"
-    assert step_setup(profile, {"trainer.accelerator": "cpu"}).optimizer_impl == "auto"
-    assert step_setup(profile, {"trainer.accelerator": "cuda", "model.optimizer_impl": "fused"}).optimizer_impl \
-        == "fused"
+def test_each_tensor_alive_at_the_peak_is_rounded_to_its_block_at_the_runs_batch():
+    # a weight of 40 B, its gradient, an activation of 1 KiB + 1 B a sample, the data: 100 B a sample
+    small = [("Parameter", 40), ("Gradient", 40), ("Activation", 1024 + 2), ("Inputs", 100)]
+    large = [("Parameter", 40), ("Gradient", 40), ("Activation", 1024 + 4), ("Inputs", 200)]
+    peak = cuda.predict_cuda_peak(_rehearsal(small, large), 1024, "32-true")
+    figures = {category: figure.mib * MIB for category, figure in peak.categories.items()}
+    assert figures == {"parameters": 512, "gradients": 512, "activations": 2048, "inputs": 51200}
+    assert peak.cudnn_workspace_max_mib * MIB == 2048  # the largest activation
+    assert peak.beside_tensors == {}
+    # the small pool holds the weight and its gradient in one 2 MiB segment
+    assert peak.small_pool_slack_mib * MIB == 2 * MIB - 1024
+    assert peak.allocated_mib * MIB == 512 + 512 + 2048 + 51200
 
 
-def _committed() -> tuple[dict, dict]:
-    predicted = json.loads(PREDICTIONS.read_text(encoding="utf-8"))
-    profile = json.loads((REPO_ROOT / predicted["profile"]["path"]).read_text(encoding="utf-8"))
-    return predicted, profile
+@pytest.mark.parametrize(("types", "precision", "beside"), [
+    (frozenset({"Conv2d"}), "32-true", set()),
+    (frozenset({"Linear"}), "bf16-mixed", {"cublas_workspace_forward", "cublaslt_workspace",
+                                           "cublas_workspace_backward"}),
+    (frozenset({"Conv2d"}), "16-mixed", {"grad_scaler"}),
+])
+def test_what_the_allocator_holds_beside_the_tensors(types, precision, beside):
+    rehearsal = _rehearsal([("Parameter", 40)], [("Parameter", 40)], types)
+    assert set(cuda.predict_cuda_peak(rehearsal, 8, precision).beside_tensors) == beside
 
 
-def test_the_committed_h200_predictions_are_reproduced_from_the_committed_profile():
-    predicted, profile = _committed()
-    assert [row["run"] for row in predicted["rows"]] == ["baseline", "amp", "amp-fp16", "accumulate",
-                                                         "checkpointing-block", "all"]
-    for row in predicted["rows"]:
-        resident = cuda.resident_of(row["config"]["model.model_name"])
-        again = cuda.peak_json(cuda.predict_cuda_peak(profile, row["config"], resident))
-        for key in ("allocated_mib", "allocated_upper_mib", "reserved_floor_mib"):
-            assert again[key] == pytest.approx(row[key], rel=1e-9), (row["run"], key)
-        for category, figure in row["categories_mib"].items():
-            repeated = again["categories_mib"][category]
-            assert repeated["mib"] == pytest.approx(figure["mib"], rel=1e-9), (row["run"], category)
-            assert repeated["basis"] == figure["basis"]
-        assert again["beside_tensors_mib"] == row["beside_tensors_mib"]
-    budget = predicted["budget"]
-    for row in budget["rows"]:
-        config = next(found["config"] for found in predicted["rows"] if found["run"] == row["run"])
-        config = {**config, "trainer.accumulate_grad_batches": 1}
-        resident = cuda.resident_of(config["model.model_name"])
-        assert cuda.largest_cuda_batch(profile, config, resident, budget["gib"] * 1024) == row["largest_batch"]
+def test_the_largest_batch_on_a_gpu_fits_and_one_more_does_not():
+    rehearsal = _rehearsal([("Activation", 2 * MIB)], [("Activation", 4 * MIB)])  # 1 MiB a sample
+    batch = cuda.largest_cuda_batch(rehearsal, "32-true", 100.0)
+    assert cuda.predict_cuda_peak(rehearsal, batch, "32-true").allocated_mib <= 100.0
+    assert cuda.predict_cuda_peak(rehearsal, batch + 1, "32-true").allocated_mib > 100.0
+
+
+def _committed() -> dict:
+    return json.loads(PREDICTIONS.read_text(encoding="utf-8"))
+
+
+def test_the_committed_h200_predictions_are_reproduced_by_rehearsing_the_rows_again():
+    """The committed file is what scripts/predict_cuda.py writes now (its --check)."""
+    assert _predict_command().main(["--check"]) == 0
 
 
 def test_the_h200_predictions_say_what_each_figure_rests_on_and_what_is_not_predicted():
-    predicted, _ = _committed()
-    assert predicted["predicted_by"]["dirty"] is False and predicted["predicted_by"]["commit"]
+    predicted = _committed()
+    assert predicted["predicted_by"]["commit"]
+    assert [row["run"] for row in predicted["rows"]] == ["baseline", "amp", "amp-fp16", "accumulate",
+                                                         "checkpointing-block", "all"]
     for row in predicted["rows"]:
         figures = [*row["categories_mib"].values(), *row["beside_tensors_mib"].values(), row["cudnn_workspace_mib"]]
         assert {figure["basis"] for figure in figures} <= {"modelled", "assumed", "guessed"}
         assert row["allocated_mib"] <= row["allocated_upper_mib"] and row["allocated_mib"] <= row["reserved_floor_mib"]
-        tensors = sum(figure["mib"] for figure in row["categories_mib"].values())
-        assert row["allocated_mib"] > tensors  # the batch and the workspaces are on top of the CPU model's tensors
+        assert row["rehearsal"]["method"] == "rehearsal"
     assert {row["run"] for row in predicted["not_predicted"]} >= {"ddp"}
 
 
@@ -117,15 +128,10 @@ def _predict_command():
     return module
 
 
-@pytest.mark.parametrize(("content", "message"), [(None, "no such file"), ("{not json", "is not JSON"),
-                                                   ("{}", "holds no 'profile' section")])
-def test_the_predictions_command_refuses_a_bad_profile_in_one_line(tmp_path, capsys, content, message):
-    profile = tmp_path / "profile.json"
-    if content is not None:
-        profile.write_text(content, encoding="utf-8")
-    assert _predict_command().main(["--profile", str(profile), "--out", str(tmp_path)]) == 2
+def test_the_predictions_command_refuses_a_missing_plan_in_one_line(tmp_path, capsys):
+    assert _predict_command().main(["--plan", str(tmp_path / "none.yaml"), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "--profile" in err and message in err
+    assert "\n" not in err and "plan" in err
     assert not (tmp_path / "predicted-before-gpu.json").exists()
 
 
@@ -136,7 +142,7 @@ def _git(*args: str) -> subprocess.CompletedProcess:
 def test_no_gpu_record_is_older_than_the_predictions():
     """Every GPU record was made after the predictions, and committed in a commit that descends from theirs (the
     GPU machine's copy of the tree has no git history, so the records themselves may name no commit)."""
-    predicted, _ = _committed()
+    predicted = _committed()
     made = datetime.fromisoformat(predicted["predicted_by"]["created_at"])
     record_files = sorted(REPO_ROOT.glob("results/cuda-*/**/records.jsonl"))
     for records in record_files:

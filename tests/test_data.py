@@ -10,7 +10,7 @@ import torch
 from cifar_fixture import trust_fixture, write_tiny_cifar10
 from conftest import fit_args
 from modelwright.errors import ConfigError
-from modelwright.record import read_record
+from modelwright.record import get_path, read_record
 from modelwright.train.cli import cli_main
 from modelwright.train.data import ImageDataModule
 from modelwright.train.datasets import synthetic_images
@@ -59,12 +59,12 @@ def test_cifar10_trains_through_the_cli_on_the_files(tmp_path, monkeypatch):
     md5s = write_tiny_cifar10(tmp_path / "data", per_batch=8)
     trust_fixture(monkeypatch, md5s)
     args = fit_args(tmp_path / "logs", "--data.dataset", "cifar10", "--data.data_dir", str(tmp_path / "data"),
-                    "--model.model_name", "smallcnn", "--trainer.max_epochs", "1", "--data.train_size", "1000")
+                    "--model.network", "SmallCNN", "--trainer.max_epochs", "1", "--data.train_size", "1000")
     assert cli_main(args) == 0
     (path,) = (tmp_path / "logs").glob("*/version_0/record.json")
     record = read_record(path)
     # The files hold 5 × 8 training images: 40 of the 1,000 asked for, 5 steps of 8 (synthetic data: 125).
-    assert record["config"]["data"]["dataset"] == "cifar10" and record["timing"]["steps_per_epoch"] == 5
+    assert get_path(record["config"], "data.dataset") == "cifar10" and record["timing"]["steps_per_epoch"] == 5
     data = ImageDataModule(dataset="cifar10", data_dir=str(tmp_path / "data"), train_size=1000)
     data.setup()
     with open(tmp_path / "data" / "cifar-10-batches-py" / "data_batch_1", "rb") as f:

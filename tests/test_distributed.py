@@ -54,7 +54,7 @@ STATE_KEYS = ("parameters", "gradients", "optimizer_state")
 RUN_TIMEOUT_S = 420
 
 JOB = [
-    "--model.model_name", "vit",
+    "--model.network", "SmallViT",
     "--model.optimizer", "sgd",
     "--model.scheduler", "none",
     "--model.lr", "0.05",
@@ -365,7 +365,7 @@ def test_fsdp_on_cpu_is_one_line_pointing_to_fsdp2(capsys):
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_fsdp_config_trains_on_two_gpus(tmp_path):
     args = [
-        "fit", "--config", "configs/fsdp.yaml", "--model.model_name", "resnet18", "--data.batch_size", "8",
+        "fit", "--config", "configs/fsdp.yaml", "--model.network", "ResNet18", "--data.batch_size", "8",
         "--data.train_size", "64", "--data.val_size", "16", "--trainer.max_steps", "3",
         "--trainer.limit_val_batches", "1", "--trainer.enable_progress_bar", "false",
         "--trainer.enable_checkpointing", "false", "--trainer.logger.init_args.save_dir", str(tmp_path / "logs"),

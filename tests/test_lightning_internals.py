@@ -12,6 +12,7 @@ from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
 from torch.utils.flop_counter import FlopCounterMode
 
 from callbacks import _lightning
+from modelwright.train.models import SmallCNN, SmallViT
 from modelwright.train.data import ImageDataModule
 from modelwright.train.module import ImageClassifier
 
@@ -51,7 +52,7 @@ def test_the_members_behave_as_relied_on_in_a_fit(tmp_path):
     trainer = pl.Trainer(accelerator="cpu", max_epochs=1, val_check_interval=2, limit_val_batches=1,
                          num_sanity_val_steps=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=tmp_path, callbacks=[probe, ModelCheckpoint(dirpath=tmp_path)])
-    model = ImageClassifier(model_name="smallcnn", scheduler="none")
+    model = ImageClassifier(network=SmallCNN(), scheduler="none")
     stopped = None
     try:
         trainer.fit(model, ImageDataModule(batch_size=4, train_size=16, val_size=4))

@@ -29,7 +29,8 @@ from modelwright.measure import (
 from modelwright.measure import flops as flops_mod
 from modelwright.measure.memory import COMPILE_NOT_MEASURED
 from modelwright.record import DEFINITIONS_VERSION, Hardware, Versions, schema_fields
-from modelwright.train.models import apply_gradient_checkpointing, build_model
+from modelwright.techniques import apply_checkpointing
+from modelwright.train.models import ResNet18, SmallCNN
 
 # -- timing ---------------------------------------------------------------------------------------
 
@@ -260,9 +261,9 @@ def _peak_activations_mib(variant: str) -> float:
     if variant in _anatomy_cache:
         return _anatomy_cache[variant]
     torch.manual_seed(0)
-    model = build_model("resnet18")
+    model = ResNet18()
     if variant in ("stage", "block"):
-        apply_gradient_checkpointing(model, variant)
+        apply_checkpointing(model, variant)
     x, y = torch.randn(_BATCH, 3, 32, 32), torch.randint(0, 10, (_BATCH,))
     micro = 4 if variant == "accumulate4" else 1
     anatomy = MemoryAnatomy("cpu")
@@ -303,7 +304,7 @@ _DATA_MIB = 2048 * 3 * 32 * 32 * 4 / MIB
 def _smallcnn_step_anatomy(micro: int, fetch_inside: bool) -> MemoryAnatomy:
     """One optimizer step of ``micro`` micro-batches of 32 under a capture, the batches read from a TensorDataset."""
     torch.manual_seed(0)
-    model = build_model("smallcnn")
+    model = SmallCNN()
     opt = torch.optim.AdamW(model.parameters())
     loader = iter(DataLoader(TensorDataset(torch.randn(2048, 3, 32, 32), torch.randint(0, 10, (2048,))), 32))
 
@@ -392,9 +393,9 @@ def test_count_flops_of_a_linear_layer():
 
 def test_training_flops_ignore_checkpoint_recomputation_and_leave_the_model_alone():
     x = torch.randn(4, 3, 32, 32)
-    plain = build_model("smallcnn")
-    ckpt = build_model("smallcnn")
-    apply_gradient_checkpointing(ckpt, "block")
+    plain = SmallCNN()
+    ckpt = SmallCNN()
+    apply_checkpointing(ckpt, "block")
     assert training_flops(ckpt, x) == training_flops(plain, x) > 0
     copy = meta_copy(ckpt)
     assert all(p.device.type == "meta" for p in copy.parameters())
@@ -405,7 +406,7 @@ def test_training_flops_ignore_checkpoint_recomputation_and_leave_the_model_alon
 
 def test_training_flops_look_through_torch_compile():
     x = torch.randn(4, 3, 32, 32)
-    plain, compiled = build_model("smallcnn"), build_model("smallcnn")
+    plain, compiled = SmallCNN(), SmallCNN()
     compiled.compile()  # never called, so nothing is compiled: the meta copy must run eagerly
     assert measure.is_compiled(compiled) and not measure.is_compiled(plain)
     assert training_flops(compiled, x) == training_flops(plain, x)

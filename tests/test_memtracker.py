@@ -76,3 +76,30 @@ def test_without_the_pause_the_second_call_of_the_root_module_is_refused():
 
 def test_the_captured_step_holds_its_activations():
     assert _captured(evaluate=False)["activations"] * MIB >= 256 * 512 * 4  # the hidden layer of the batch
+
+
+def test_a_metric_updated_between_two_captures_is_tracked_by_both():
+    """torchmetrics hashes a metric by its state: a second capture in the process once lost it (KeyError in
+    the tracker's module names) after the first had updated it."""
+    from torchmetrics.classification import MulticlassAccuracy
+
+    from modelwright.measure.memtracker import tracker_class
+
+    class WithMetric(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 3)
+            self.accuracy = MulticlassAccuracy(num_classes=3)
+
+        def forward(self, x):
+            logits = self.layer(x)
+            self.accuracy(logits, torch.zeros(len(x), dtype=torch.long))
+            return logits
+
+    module = WithMetric()
+    for _ in range(3):
+        tracker = tracker_class()()
+        tracker.track_external(module)
+        with tracker:
+            module(torch.randn(2, 4)).sum().backward()
+        module.accuracy(torch.randn(2, 3), torch.ones(2, dtype=torch.long))  # its state, and its hash, change

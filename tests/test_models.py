@@ -1,4 +1,4 @@
-"""The networks: shapes, checkpointing equivalence, attention through SDPA."""
+"""The project's networks: classes like any a user brings, their shapes, and their checkpoint policies."""
 
 from __future__ import annotations
 
@@ -6,45 +6,58 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modelwright.errors import ConfigError
-from modelwright.train.models import (
-    MODEL_NAMES,
-    apply_gradient_checkpointing,
-    build_model,
-    checkpoint_segments,
-    checkpointed_modules,
-)
+from modelwright.train.models import SHORT_NAMES, ResNet18, SmallCNN, SmallViT
+from modelwright.techniques import apply_checkpointing, checkpoint_segments, checkpointed_modules
+
+NETWORKS = {"resnet18": ResNet18, "smallcnn": SmallCNN, "vit": SmallViT}
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_the_short_names_are_the_classes():
+    assert {short: cls.__name__ for short, cls in NETWORKS.items()} == SHORT_NAMES
+
+
+@pytest.mark.parametrize("name", NETWORKS)
 def test_output_shape(name):
-    model = build_model(name, num_classes=7)
+    model = NETWORKS[name](num_classes=7)
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 7)
 
 
-def test_resnet18_has_cifar_stem():
-    model = build_model("resnet18")
+@pytest.mark.parametrize(("cls", "shape"), [(ResNet18, (1, 28, 28)), (SmallCNN, (1, 64, 64))])
+def test_grey_images_of_another_size(cls, shape):
+    model = cls(num_classes=3, in_channels=1)
+    assert model(torch.randn(2, *shape)).shape == (2, 3)
+
+
+def test_the_vit_takes_another_image_size():
+    assert SmallViT(num_classes=4, image_size=48).eval()(torch.randn(2, 3, 48, 48)).shape == (2, 4)
+
+
+def test_resnet18_has_cifar_stem_and_the_weights_of_torchvisions_builder():
+    torch.manual_seed(0)
+    model = ResNet18()
     assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
     assert isinstance(model.maxpool, torch.nn.Identity)
     assert sum(p.numel() for p in model.parameters()) == 11_173_962
+    from torchvision.models import resnet18
 
-
-def test_unknown_model_is_a_config_error():
-    with pytest.raises(ConfigError, match="model.model_name"):
-        build_model("resnet1000")
+    torch.manual_seed(0)
+    reference = resnet18(weights=None, num_classes=10)  # then the stem replaced, as the class does
+    reference.conv1 = torch.nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+    for (name, mine), theirs in zip(model.state_dict().items(), reference.state_dict().values(), strict=True):
+        assert torch.equal(mine, theirs), name
 
 
 @pytest.mark.parametrize(
-    "name,granularity",
-    [(n, g) for n in MODEL_NAMES for g in ("stage", "block") if not (n == "vit" and g == "stage")],
+    "name,policy",
+    [(n, g) for n in NETWORKS for g in ("stage", "block", "children") if not (n == "vit" and g == "stage")],
 )
-def test_checkpointing_gives_same_loss_and_gradients(name, granularity):
+def test_checkpointing_gives_same_loss_and_gradients(name, policy):
     torch.manual_seed(0)
     x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-    reference = build_model(name).double()
-    checkpointed = build_model(name).double()
+    reference = NETWORKS[name]().double()
+    checkpointed = NETWORKS[name]().double()
     checkpointed.load_state_dict(reference.state_dict())
-    segments = apply_gradient_checkpointing(checkpointed, granularity)
+    segments = apply_checkpointing(checkpointed, policy)
     assert segments, "no segment was checkpointed"
     # Dropout-free and BN in train mode both sides: the recomputed forward must match exactly.
     losses, grads = [], []
@@ -65,20 +78,25 @@ def test_checkpointing_gives_same_loss_and_gradients(name, granularity):
 # Counted from the architectures: resnet18 has 4 stages (layer1..layer4) of 2 BasicBlocks; the small CNN 3
 # stages of 2 conv blocks; the ViT 6 encoder blocks and no stages.
 @pytest.mark.parametrize(
-    ("name", "granularity", "count"),
-    [("resnet18", "stage", 4), ("resnet18", "block", 8), ("smallcnn", "stage", 3), ("smallcnn", "block", 6),
-     ("vit", "block", 6), ("resnet18", "off", 0)],
+    ("name", "policy", "modules"),
+    [("resnet18", "stage", ["layer1", "layer2", "layer3", "layer4"]),
+     ("resnet18", "block", [f"layer{stage}.{block}" for stage in range(1, 5) for block in (0, 1)]),
+     ("smallcnn", "stage", ["stages.0", "stages.1", "stages.2"]),
+     ("smallcnn", "block", [f"stages.{stage}.{block}" for stage in range(3) for block in (0, 1)]),
+     ("vit", "block", [f"encoder.layers.encoder_layer_{index}" for index in range(6)]),
+     ("resnet18", "off", [])],
 )
-def test_checkpointed_segment_counts(name, granularity, count):
-    model = build_model(name)
+def test_each_policy_recomputes_exactly_these_modules(name, policy, modules):
+    model = NETWORKS[name]()
+    names = {module: path for path, module in model.named_modules()}
     assert checkpointed_modules(model) == []
-    apply_gradient_checkpointing(model, granularity)
-    assert len(checkpointed_modules(model)) == count
+    apply_checkpointing(model, policy)
+    assert [names[module] for module in checkpointed_modules(model)] == modules
 
 
 def test_the_last_segment_recomputes_too():
-    model = build_model("resnet18")
-    apply_gradient_checkpointing(model, "block")
+    model = ResNet18()
+    apply_checkpointing(model, "block")
     calls = []
     model.layer4[1].bn2.register_forward_hook(lambda *_: calls.append(1))  # inside the last block
     model(torch.randn(2, 3, 32, 32)).sum().backward()
@@ -87,24 +105,19 @@ def test_the_last_segment_recomputes_too():
 
 
 def test_checkpointing_keeps_state_dict_keys():
-    plain, checkpointed = build_model("resnet18"), build_model("resnet18")
-    apply_gradient_checkpointing(checkpointed, "block")
+    plain, checkpointed = ResNet18(), ResNet18()
+    apply_checkpointing(checkpointed, "block")
     assert list(plain.state_dict()) == list(checkpointed.state_dict())
 
 
 def test_checkpointing_recomputes_forward():
-    model = build_model("smallcnn")
+    model = SmallCNN()
     calls = []
     inner = checkpoint_segments(model, "stage")[0][0]  # a block inside the first checkpointed stage
     inner.register_forward_hook(lambda *_: calls.append(1))
-    apply_gradient_checkpointing(model, "stage")
+    apply_checkpointing(model, "stage")
     model(torch.randn(2, 3, 32, 32)).sum().backward()
     assert len(calls) == 2, "a checkpointed stage runs forward once more in backward"
-
-
-def test_vit_has_no_stages():
-    with pytest.raises(ConfigError, match="valid: off, block"):
-        checkpoint_segments(build_model("vit"), "stage")
 
 
 def test_vit_attention_runs_through_sdpa(monkeypatch):
@@ -116,7 +129,7 @@ def test_vit_attention_runs_through_sdpa(monkeypatch):
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", counting)
-    model = build_model("vit")
+    model = SmallViT()
     model.train()
     model(torch.randn(2, 3, 32, 32))
     assert len(calls) == len(model.encoder.layers)

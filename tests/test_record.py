@@ -40,6 +40,7 @@ def _full_record() -> dict:
     record["config"] = {"trainer": {"precision": "16-mixed"}}
     record["techniques"].update(
         model_name="resnet18",
+        network="modelwright.train.models.ResNet18",
         precision="bf16-mixed",
         precision_requested="16-mixed",
         accumulate_grad_batches=4,
@@ -100,7 +101,7 @@ def test_empty_and_full_records_validate():
         (lambda record: record.pop("timing"), "timing: missing"),
         (lambda record: record["timing"].pop("step_time_median_ms"), "timing.step_time_median_ms: missing"),
         (lambda record: record.update(status="crashed"), "status:"),
-        (lambda record: record.update(schema_version=3), "schema_version:"),
+        (lambda record: record.update(schema_version=4), "schema_version:"),
         (lambda record: record["timing"].update(step_time_median_ms="3 s"),
          "timing.step_time_median_ms: expected"),
         (lambda record: record["memory"].update(peak_allocated_mib=-1.0), "negative"),

@@ -26,7 +26,7 @@ from modelwright.study import DONE_STATUSES
 from modelwright.train.cli import cli_main
 from modelwright.train.resume import ResumableDataLoader, ResumableRandomSampler
 
-SMALL = ["--model.model_name", "smallcnn", "--trainer.max_epochs", "2", "--data.train_size", "64"]  # 8 steps/epoch
+SMALL = ["--model.network", "SmallCNN", "--trainer.max_epochs", "2", "--data.train_size", "64"]  # 8 steps/epoch
 
 
 def _args(log_dir: Path, *extra: str) -> list[str]:
@@ -386,7 +386,7 @@ def test_ddp_rank_failure_ends_the_job_nonzero_in_bounded_time(tmp_path, subproc
     rank 0 within ~5 s of a child exiting non-zero. The process-group timeout in ddp.yaml bounds a rank that
     stalls instead of failing.)"""
     failed_at = tmp_path / "failed_at"
-    args = fit_args(tmp_path, "--config", "configs/ddp.yaml", "--model.model_name", "smallcnn",
+    args = fit_args(tmp_path, "--config", "configs/ddp.yaml", "--model.network", "SmallCNN",
                     "--trainer.max_steps", "6", "--trainer.callbacks+=faults.RaiseAt",
                     "--trainer.callbacks.step", "2", "--trainer.callbacks.rank", "1",
                     "--trainer.callbacks.marker", str(failed_at))

@@ -18,7 +18,7 @@ from modelwright import record
 from modelwright.train.cli import cli_main
 from modelwright.train.resume import ResumableDataLoader
 
-SMALL = ["--model.model_name", "smallcnn", "--model.scheduler", "none"]  # 4 steps an epoch (32 samples, 8)
+SMALL = ["--model.network", "SmallCNN", "--model.scheduler", "none"]  # 4 steps an epoch (32 samples, 8)
 
 
 def _versions(log_dir: Path) -> list[str]:
@@ -66,7 +66,7 @@ def test_resume_refuses_changed_arguments_naming_each_unless_allowed(tmp_path, c
     assert "data.batch_size: 8 -> 4; model.lr: 0.002 -> 0.1;" in line
     assert "--allow_resume_changes true" in line
     assert "max_epochs" not in line, "how long to train may change on resume"
-    assert cli_main([*one_epoch, "--ckpt_path", "last", "--model.model_name", "resnet18"]) == 2
+    assert cli_main([*one_epoch, "--ckpt_path", "last", "--model.network", "ResNet18"]) == 2
     (line,) = capfd.readouterr().err.strip().splitlines()
     assert "holds smallcnn weights, but model.model_name is 'resnet18'" in line
     assert _versions(tmp_path) == ["version_0"], "a refused resume makes no version"

@@ -19,7 +19,7 @@ import yaml
 from modelwright import REPO_ROOT, planner
 from modelwright import __main__ as cli
 from modelwright.errors import ConfigError
-from modelwright.record import append_record, build_record, read_records
+from modelwright.record import append_record, build_record, get_path, read_records
 from modelwright.study import budget, plan, runner
 from modelwright.study_rows import peak_mib
 
@@ -94,18 +94,18 @@ def test_effective_batch_mismatch_is_refused_unless_the_run_is_about_batch():
 
 def test_resolve_config_is_lightningclis_own_parse():
     resolved = plan.resolve_config(["configs/accumulate.yaml"], {"model.lr": 0.1, "trainer.devices": 2})
-    assert resolved["data"]["batch_size"] == 32  # the delta
+    assert get_path(resolved, "data.batch_size") == 32  # the delta
     assert resolved["trainer"]["accumulate_grad_batches"] == 4
-    assert resolved["model"]["lr"] == 0.1 and resolved["model"]["weight_decay"] == 0.05  # override, base.yaml
+    assert get_path(resolved, "model.lr") == 0.1 and get_path(resolved, "model.weight_decay") == 0.05  # override, base.yaml
     assert resolved["trainer"]["logger"]["init_args"]["name"] == "accumulate"
     # Defaults no YAML file names: only the CLI's parser knows them (a merge of the files did not).
     assert resolved["trainer"]["logger"]["init_args"]["flush_secs"] == 120
-    assert resolved["model"]["label_smoothing"] == 0.0
+    assert get_path(resolved, "model.label_smoothing") == 0.0
     assert plan.effective_batch(resolved) == 32 * 4 * 2
     with pytest.raises(ConfigError) as err:  # what the child would refuse, refused before anything runs
-        bad = plan.Entry("bad", None, {"model.model_name": "no-such-model"})
+        bad = plan.Entry("bad", None, {"model.network": "no_such.Net"})
         plan.build_spec(bad, 0, _settings(model=None))
-    assert str(err.value).startswith("runs.bad: model.model_name") and "\n" not in str(err.value)
+    assert str(err.value).startswith("runs.bad: model.network") and "\n" not in str(err.value)
 
 
 def test_resolve_config_is_what_print_config_shows(capsys):
@@ -131,7 +131,7 @@ def test_window_overrides_hash_and_command():
     overrides = spec.overrides
     assert overrides["trainer.max_steps"] == 6
     assert overrides["trainer.limit_train_batches"] == 6 * 4  # micro-batches: steps × accumulation
-    assert overrides["model.model_name"] == "smallcnn" and spec.measured_steps == 3
+    assert overrides["model.network"] == "modelwright.train.models.SmallCNN" and spec.measured_steps == 3
     callbacks = spec.resolved["trainer"]["callbacks"]
     monitor = next(c for c in callbacks if c["class_path"].endswith("RunMonitor"))
     assert monitor["init_args"]["warmup_steps"] == 2
@@ -186,19 +186,26 @@ def _fake_record(batch: int, accumulate: int, per_sample: float, fixed: float = 
     return {**record, **extra}
 
 
-def _write_profile(folder: Path, run_id: str) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    _write(folder / "profile.json", json.dumps({"run_id": run_id, "techniques": {"model_name": "smallcnn"},
-                                                "profile": {"activations_per_sample_mib": 1.0}}))
+class _FakeRehearsal:
+    """What the planner's rehearsal of a config predicts, by hand: 20 MiB fixed and 1 MiB a sample."""
+
+    def peak(self, batch: int) -> dict:
+        return {"total": 20.0 + batch}
+
+    def largest_batch(self, budget_mib: float) -> int:
+        return int(budget_mib - 20)
+
+    def json(self) -> dict:
+        return {"method": "rehearsal", "what": "by hand"}
 
 
-def _budget_study(tmp_path, entries, budget_runs, profile=False):
+def _budget_study(tmp_path, entries, budget_runs, predict=False):
     the_plan = plan.Plan("p", entries, budget_runs=budget_runs)
-    study = runner.Study(the_plan, _settings(), tmp_path / SLUG, tmp_path, profile=profile)
+    study = runner.Study(the_plan, _settings(), tmp_path / SLUG, tmp_path, predict=predict)
     ran: list[tuple[int, int, dict]] = []
 
     def fake_run(spec, progress):
-        batch = spec.resolved["data"]["batch_size"]
+        batch = get_path(spec.resolved, "data.batch_size")
         ran.append((batch, spec.resolved["trainer"]["accumulate_grad_batches"], spec.extra))
         return _fake_record(batch, 1, 1.0 if batch <= 130 else 1.5)
 
@@ -209,17 +216,15 @@ def _budget_study(tmp_path, entries, budget_runs, profile=False):
 def test_budget_confirms_the_planners_batch_corrects_a_miss_then_runs_a_few_percent_over(tmp_path,
                                                                                          monkeypatch):
     entry = plan.Entry("baseline", "configs/baseline.yaml")
-    _write_profile(tmp_path / SLUG, "profile0")
-    study, ran = _budget_study(tmp_path, [entry], ["baseline"], profile=True)
+    study, ran = _budget_study(tmp_path, [entry], ["baseline"], predict=True)
     # The planner: 20 MiB fixed + 1 MiB per sample; measured, a micro-batch holds 1.5 MiB per sample above
     # 130.
-    monkeypatch.setattr(planner, "largest_batch", lambda profile, config, mib: int(mib - 20), raising=False)
-    monkeypatch.setattr(planner, "predict_peak_mib",
-                        lambda profile, config: {"total": 20.0 + config["data"]["batch_size"]}, raising=False)
+    configs = []
+    monkeypatch.setattr(planner.memory, "rehearsal", lambda config: configs.append(config) or _FakeRehearsal())
     budget.budget_phase(study, [entry], runner.Progress(0), budget_mib=200.0)
+    assert [get_path(config, "trainer.accumulate_grad_batches") for config in configs] == [1]
     first, second, over = ran
     assert first[:2] == (180, 1) and first[2]["prediction_method"] == "planner"
-    assert first[2]["from_run_id"] == "profile0"
     # 20 + 1.5 × 180 = 290 measured against 200 predicted: predicted again for a budget 90 MiB less
     assert second[0] == 90 and second[2]["prediction_method"] == "planner, corrected by the miss"
     assert second[2]["attempt"] == 2 and second[2]["predicted_batch"] == 90
@@ -227,12 +232,17 @@ def test_budget_confirms_the_planners_batch_corrects_a_miss_then_runs_a_few_perc
     assert over[2]["confirmed_batch"] == 90 and all(x["budget_mib"] == 200.0 for *_, x in ran)
 
 
-def test_budget_without_a_profile_is_skipped_with_one_line(tmp_path, capsys):
+def test_budget_without_a_prediction_is_skipped_with_one_line(tmp_path, capsys, monkeypatch):
     entry = plan.Entry("baseline", "configs/baseline.yaml")
-    study, ran = _budget_study(tmp_path, [entry], ["baseline"], profile=False)
+    study, ran = _budget_study(tmp_path, [entry], ["baseline"])
+
+    def unrehearsable(config):
+        raise ConfigError("trainer.strategy: deepspeed is not rehearsed")
+
+    monkeypatch.setattr(planner.memory, "rehearsal", unrehearsable)
     budget.budget_phase(study, [entry], runner.Progress(0), budget_mib=200.0)
     assert ran == []
-    skipped = "baseline (budget): skipped (no profile of the baseline to predict from)\n"
+    skipped = "baseline (budget): skipped (no prediction: trainer.strategy: deepspeed is not rehearsed)\n"
     assert skipped in capsys.readouterr().err
 
 
@@ -242,11 +252,10 @@ def test_budget_without_a_profile_is_skipped_with_one_line(tmp_path, capsys):
 def test_a_run_writes_its_prediction_before_it_starts(tmp_path, monkeypatch):
     entry = plan.Entry("baseline", "configs/baseline.yaml")
     cmd = ["python", "-m", "modelwright", "study", "--repeats=2"]
-    _write_profile(tmp_path / SLUG, "base0")  # the baseline's profile, made before the first run
     study = runner.Study(plan.Plan("p", [entry]), _settings(), tmp_path / SLUG, tmp_path / "work", cmd=cmd,
-                         profile=True)
+                         predict=True)
     spec = plan.build_spec(entry, 0, _settings(), repeat=1)
-    monkeypatch.setattr(planner, "predict_peak_mib", lambda profile, config: {"total": 12.5}, raising=False)
+    monkeypatch.setattr(planner.memory, "rehearsal", lambda config: _FakeRehearsal())
     seen = {}
 
     def fake_child(args, log_path, env, timeout_s, tick):
@@ -261,11 +270,24 @@ def test_a_run_writes_its_prediction_before_it_starts(tmp_path, monkeypatch):
     record = study.run(spec, runner.Progress(1))
     [line] = seen["predictions"]
     assert line["run"] == "baseline" and line["config_hash"] == spec.config_hash
-    assert line["predicted_mib"] == {"total": 12.5}
-    assert line["from_run_id"] == "base0" and record["prediction"] == line
+    assert line["predicted_mib"] == {"total": 20.0 + get_path(spec.resolved, "data.batch_size")}
+    assert line["from"] == {"method": "rehearsal", "what": "by hand"} and record["prediction"] == line
     assert seen["env"] == " ".join(cmd) and record["provenance"]["command"] == " ".join(cmd)
     assert record["study"]["repeat"] == 1 and record["study"]["name"] == "baseline"
     assert read_records(tmp_path / SLUG / "records.jsonl")[-1]["prediction"] == line
+
+
+def test_a_run_that_cannot_be_rehearsed_runs_unpredicted_and_says_why(tmp_path, monkeypatch, capsys):
+    entry = plan.Entry("baseline", "configs/baseline.yaml")
+    study = runner.Study(plan.Plan("p", [entry]), _settings(), tmp_path / SLUG, tmp_path / "work", predict=True)
+
+    def unrehearsable(config):
+        raise ConfigError("model: manual optimization (automatic_optimization false) is not rehearsed")
+
+    monkeypatch.setattr(planner.memory, "rehearsal", unrehearsable)
+    assert study._predict(plan.build_spec(entry, 0, _settings())) is None
+    assert "baseline r0: not predicted (model: manual optimization" in capsys.readouterr().err
+    assert not (tmp_path / SLUG / "predictions.jsonl").exists()
 
 
 def test_an_ok_record_of_a_child_that_exited_non_zero_is_a_failure(tmp_path, monkeypatch):
@@ -343,7 +365,7 @@ def test_an_epoch_run_is_one_whole_epoch_as_the_config_has_it():
     base = plan.resolve_config(["configs/accumulate.yaml"])["trainer"]
     for key in ("limit_train_batches", "limit_val_batches", "val_check_interval", "accumulate_grad_batches"):
         assert trainer.get(key) == base.get(key), f"the config's own {key}, not the study window's"
-    assert spec.resolved["data"]["train_size"] == plan.resolve_config(["configs/accumulate.yaml"])["data"]["train_size"]
+    assert get_path(spec.resolved, "data.train_size") == get_path(plan.resolve_config(["configs/accumulate.yaml"]), "data.train_size")
     monitor = next(c for c in trainer["callbacks"] if c["class_path"].endswith("RunMonitor"))
     assert monitor["init_args"]["anatomy"] is False, "a memory capture would slow one of its steps"
     timed = plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3))
@@ -536,21 +558,6 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, capsys):
     assert err.startswith("error: plan: no file") and err.count("\n") == 1
     assert cli.main(["study", "--repeats", "0"]) == 2
     assert "repeats" in capsys.readouterr().err
-
-
-def test_a_budget_run_is_predicted_as_it_runs_without_accumulation(tmp_path, monkeypatch):
-    """A budget run takes one micro-batch per step: predicting it with the entry's accumulation (4 for all)
-    would pick another batch than the run then confirms."""
-    from modelwright.study import budget
-
-    entry = plan.Entry("accumulate", "configs/accumulate.yaml")
-    _write_profile(tmp_path / SLUG, "profile0")
-    study, _ = _budget_study(tmp_path, [entry], ["accumulate"], profile=True)
-    runs = budget._BudgetRuns(study, 0, entry, progress=None, budget_mib=512)
-    assert runs.config["trainer"]["accumulate_grad_batches"] == 1
-    seen = []
-    monkeypatch.setattr(budget.planner, "largest_batch", lambda profile, config, mib: seen.append(config) or 7)
-    assert runs.largest(512) == 7 and seen[0]["trainer"]["accumulate_grad_batches"] == 1
 
 
 def test_an_epoch_runs_callbacks_file_keeps_the_memory_capture_off(tmp_path):

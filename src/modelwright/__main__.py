@@ -7,6 +7,7 @@ is one line on stderr and exit status 2."""
 import argparse
 import importlib
 import inspect
+import json
 import os
 import sys
 from collections.abc import Mapping
@@ -42,6 +43,34 @@ PATH_ARGUMENTS = {
 }
 #: Relative paths a tool reads from the repository when they are not in the working folder.
 _FROM_REPOSITORY = {"plan", "readme"}
+
+
+#: The tools whose ``--config`` files are a training job's (as ``main.py fit --config`` takes them), not their
+#: own arguments: they become the ``job`` argument.
+JOB_TOOLS = ("study", "plan")
+
+
+def job_arguments(argv: list[str]) -> list[str]:
+    """``argv`` with each ``--config FILE`` (``--config=FILE``) gathered into one ``--job=[FILE, ...]``; a name
+    of ``configs/`` (``--config amp``) is its file there, as for ``main.py fit``."""
+    files: list[str] = []
+    rest: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        if arg in ("--config", "-c") and index + 1 < len(argv):
+            files.append(argv[index + 1])
+            index += 2
+            continue
+        if arg.startswith("--config="):
+            files.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        index += 1
+    if not files:
+        return rest
+    resolved = resolve_config_args([part for name in files for part in ("--config", name)])
+    return [*rest, "--job=" + json.dumps(resolved[1::2])]
 
 
 def check_paths(tool: str, arguments: Mapping[str, Any]) -> None:
@@ -90,6 +119,8 @@ def run_tool(name: str, argv: list[str]) -> Any:
             print(module.USAGE)
             return 0
         return function(argv)
+    if name in JOB_TOOLS:
+        argv = job_arguments(argv)
     argv = resolve_config_args(argv, training=False)
     parser = auto_parser(function, prog=f"python -m modelwright {name}", exit_on_error=False,
                          allow_abbrev=False, description=_description(function))

@@ -502,7 +502,9 @@ def configured_section(config: Mapping, world_size: int, effective_batch: int | 
     from modelwright.record import get_path
 
     network = get_path(config, "model.network")
-    class_path = network.get("class_path") if isinstance(network, Mapping) else None
+    class_path = network.get("class_path") if isinstance(network, Mapping) else network
+    if "network" in (get_path(config, "model") or {}).get("init_args", {}) and network is None:
+        class_path = "modelwright.train.models.ResNet18"  # the classifier's default
     policy = get_path(config, "model.gradient_checkpointing")
     return {"network": class_path,
             "model_name": short_name(class_path.rsplit(".", 1)[-1]) if class_path else None,
@@ -523,16 +525,24 @@ def optimizer_words(optimizer_impl: Any) -> str | None:
     return f"{name.rsplit('.', 1)[-1]} {kernel.rstrip(']')}"
 
 
-def setup_words(techniques: Mapping[str, Any], cpu_malloc: str | None = None) -> list[str]:
-    """A run's techniques in a few words, the way tables and summaries name them: ``bf16-mixed``,
-    ``32×4``, ``ckpt block``, ``frozen layer1``, ``channels_last``, ``AdamW foreach``."""
+def setup_words(techniques: Mapping[str, Any], cpu_malloc: str | None = None,
+                spelled: bool = False) -> list[str]:
+    """A run's techniques in a few words, the way tables name them: ``bf16-mixed``, ``32×4``, ``ckpt
+    block``, ``frozen layer1``, ``channels_last``, ``AdamW foreach``; ``spelled``: as the end-of-run summary
+    names them (``micro-batch 32 × accumulate 4``, ``checkpointing block``, the strategy always)."""
     micro = techniques.get("micro_batch_size")
     accumulate = techniques.get("accumulate_grad_batches") or 1
-    words = [str(techniques.get("precision") or "?"), f"{micro}×{accumulate}" if accumulate != 1 else str(micro)]
-    if (techniques.get("world_size") or 1) != 1:
-        words.append(f"{techniques.get('strategy')} ×{techniques['world_size']}")
-    if techniques.get("gradient_checkpointing") not in (None, OFF):
-        words.append(f"ckpt {techniques['gradient_checkpointing']}")
+    policy = techniques.get("gradient_checkpointing")
+    world = techniques.get("world_size") or 1
+    words = [str(techniques.get("precision") or "?")]
+    if spelled:
+        words += [f"micro-batch {micro} × accumulate {accumulate}", f"checkpointing {policy or OFF}"]
+    else:
+        words.append(f"{micro}×{accumulate}" if accumulate != 1 else str(micro))
+    if world != 1 or spelled:
+        words.append(f"{techniques.get('strategy')} ×{world}")
+    if policy not in (None, OFF) and not spelled:
+        words.append(f"ckpt {policy}")
     if techniques.get("init_weights"):
         words.append(f"from {techniques['init_weights']}")
     if techniques.get("frozen"):

@@ -3,9 +3,11 @@
 :func:`tracker_class` extends it with what the anatomy needs: two categories of our own (the data, and buffers
 handed to an all-reduce), optimizer state counted only from the update itself when forward and backward run
 inside ``optimizer.step(closure)``, a peak that the data does not move, and a pause for evaluations inside a
-captured step. ``tests/test_memtracker.py`` fails first when the private members this relies on change.
+captured step; and it tracks networks with frozen parameters (MemTracker would hook their gradients).
+``tests/test_memtracker.py`` fails first when the private members this relies on change.
 """
 
+import sys
 from typing import Any
 
 import torch
@@ -72,6 +74,13 @@ def tracker_class() -> type:
     return CategoryTracker
 
 
+class _NoHook:
+    """What stands for a frozen parameter's gradient hooks: it has none to remove."""
+
+    def remove(self) -> None:
+        pass
+
+
 class CategoryTracker(MemTracker):
     """``MemTracker`` with the data and all-reduce buffers as categories, closure-aware optimizer state, a
     peak the data does not move, and a pause (module docstring)."""
@@ -87,6 +96,32 @@ class CategoryTracker(MemTracker):
         self.born = WeakIdKeyDictionary()  # storage -> dispatch count when first tracked
         # device -> (bytes counted, dispatch count) at its peak
         self.peak_of: dict[Any, tuple[int, int]] = {}
+
+    # A torchmetrics metric hashes by its state, which changes as it updates; the tracker's modules are keyed
+    # in weak dictionaries by hash, and Python shares a weak reference (with its hash, computed once) between
+    # callers: a metric updated between two captures in one process is then lost to the second. While
+    # tracking, a metric hashes as any module does, by identity.
+    def __enter__(self) -> Any:
+        self._metric_hash = _identity_hash_for_metrics()
+        try:
+            return super().__enter__()
+        except BaseException:
+            _restore_metric_hash(self._metric_hash)
+            raise
+
+    def __exit__(self, *args: Any) -> Any:
+        try:
+            return super().__exit__(*args)
+        finally:
+            _restore_metric_hash(self._metric_hash)
+
+    def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> Any:
+        # MemTracker hooks every parameter's gradient, which a frozen one (requires_grad false) refuses: it is
+        # marked as hooked already, with nothing to remove.
+        for parameter in module.parameters():
+            if not parameter.requires_grad:
+                self._param_to_grad_hook_handles.setdefault(parameter, (_NoHook(), _NoHook()))
+        return super()._track_module_params_and_buffers(module, install_grad_hooks)
 
     def _track(self, reftype: Any, t: torch.Tensor) -> None:
         for storage in get_untyped_storages(t):
@@ -169,6 +204,26 @@ class CategoryTracker(MemTracker):
             for t in tensors_in((args, kwargs)):
                 self.register(t, COMM_BUFFERS)
         return out
+
+
+def _identity_hash_for_metrics() -> Any:
+    """Make torchmetrics' ``Metric`` hash by identity; returns what to restore (None without torchmetrics)."""
+    metric = getattr(sys.modules.get("torchmetrics"), "Metric", None)
+    if metric is None:
+        return None
+    previous = metric.__dict__.get("__hash__")
+    metric.__hash__ = nn.Module.__hash__
+    return metric, previous
+
+
+def _restore_metric_hash(saved: Any) -> None:
+    if saved is None:
+        return
+    metric, previous = saved
+    if previous is None:
+        del metric.__hash__
+    else:
+        metric.__hash__ = previous
 
 
 def _is_all_reduce(func: Any) -> bool:

@@ -69,7 +69,7 @@ def shape_for(record: Mapping, source: Path) -> dict | None:
     """What TP and PP could split of the record's network: built from its config (schema 3), else from the
     saved-tensor profile an older study wrote beside its records; None where neither is at hand."""
     config = record.get("config") or {}
-    if isinstance(get_path(config, "model.network"), Mapping):
+    if "network" in (get_path(config, "model.init_args") or {}):
         from modelwright.measure.shape import network_shape
         from modelwright.techniques import shard_units
         from modelwright.train.rehearse import build_from_config
@@ -131,7 +131,7 @@ def _advise(config: Sequence[Path], source: Path | None, model: str | None, batc
                  this_machine(), parameters_of(resolved)))
 
 
-def plan(config: list[Path] = [], record: Path | None = None,  # noqa: B006 (jsonargparse reads it)
+def plan(job: list[Path] = [], record: Path | None = None,  # noqa: B006 (jsonargparse reads it)
          run_id: str | None = None, model: str | None = None,
          batch: PositiveInt | None = None, budget_gib: PositiveFloat | None = None,
          devices: list[PositiveInt] = [1, 8, 64],  # noqa: B006 (jsonargparse reads it)
@@ -141,8 +141,8 @@ def plan(config: list[Path] = [], record: Path | None = None,  # noqa: B006 (jso
     """Print the planner's Markdown: the advisor for a memory budget, or the scaling tables.
 
     Args:
-        config: the job's config files, as ``main.py fit --config`` takes them (default: the default job);
-            with --budget_gib the advisor rehearses its step under every option.
+        job: the job's config files, given as ``--config FILE`` as to ``main.py fit`` (default: the default
+            job); with --budget_gib the advisor rehearses its step under every option.
         record: records.jsonl to read (default: the newest results/*/records.jsonl): the step times.
         run_id: the record to plan from (default: the single-device baseline).
         model: the model whose baseline to use (resnet18, smallcnn, vit).
@@ -158,7 +158,7 @@ def plan(config: list[Path] = [], record: Path | None = None,  # noqa: B006 (jso
         dataset_size: samples per epoch."""
     require(device in DEFAULT_PRICES, f"--device: unknown {device!r}; valid: {', '.join(DEFAULT_PRICES)}")
     if budget_gib is not None:
-        _advise(config, record, model, batch, budget_gib)
+        _advise(job, record, model, batch, budget_gib)
         return
     source = record or newest_records()
     require(source is not None,

@@ -129,10 +129,12 @@ def predicted_step_ms(option_techniques: Sequence[str], batch: int, times: StepT
 def checkpointing_policies(config: Mapping) -> list[str]:
     """The checkpointing policies the advisor tries on ``config``'s network: off, and those its class
     declares (a LightningModule of the user's, without the project's ``network``: off alone)."""
-    network = get_path(config, "model.network")
-    if not isinstance(network, Mapping):
+    model = get_path(config, "model") or {}
+    if "network" not in (model.get("init_args") or {}):
         return ["off"]
-    return ["off", *declared_policies(str(network.get("class_path")))]
+    network = get_path(config, "model.network") or {"class_path": "modelwright.train.models.ResNet18"}
+    class_path = network.get("class_path") if isinstance(network, Mapping) else str(network)
+    return ["off", *declared_policies(str(class_path))]
 
 
 def options(config: Mapping, batch: int, records: Sequence[Mapping] = (),

@@ -29,8 +29,7 @@ def summary_lines(record: Mapping, record_path: str | None, log_dir: str | None)
     techniques = record.get("techniques") or {}
     timing = record.get("timing") or {}
     lines = [
-        f"technique   {', '.join(setup_words(techniques))} "
-        f"(micro-batch×accumulation; {techniques.get('strategy')} x {techniques.get('world_size')})",
+        f"technique   {', '.join(setup_words(techniques, spelled=True))}",
         f"step time   median {sig(timing.get('step_time_median_ms'))} ms, "
         f"p90 {sig(timing.get('step_time_p90_ms'))}, min {sig(timing.get('step_time_min_ms'))}, "
         f"max {sig(timing.get('step_time_max_ms'))} "

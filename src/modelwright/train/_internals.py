@@ -117,6 +117,17 @@ class HeldLogs:
             self.drop()
 
 
+@contextlib.contextmanager
+def hyperparameters_given(hparams: dict) -> Iterator[None]:
+    """``save_hyperparameters()`` inside takes ``hparams`` as LightningCLI hands them over (with LightningCLI's
+    instantiator, which ``load_from_checkpoint`` uses to build the class again), not the calling frame's
+    arguments (``lightning.pytorch.core.mixins.hparams_mixin._given_hyperparameters_context``)."""
+    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters_context
+
+    with _given_hyperparameters_context(hparams, "lightning.pytorch.cli.instantiate_module"):
+        yield
+
+
 def given_hyperparameters() -> dict | None:
     """The hyperparameters LightningCLI hands the class it instantiates (the config as given, a network's
     ``class_path`` and ``init_args`` included), or None outside LightningCLI

@@ -139,7 +139,7 @@ def _check_resume(parser, cli_config, config, found: str | None) -> None:
     path = config["ckpt_path"]
     named = found or path
     checkpoint = read_checkpoint(path)
-    check_architecture(checkpoint, config["model"], path)
+    check_architecture(checkpoint, to_jsonable(config["model"]), path)
     if cli_config["subcommand"] != "fit":  # validate, test: a finished fit's checkpoint is what they take
         return
     done = completed(checkpoint, config["trainer"])
@@ -341,8 +341,7 @@ class _JobOnly(ModelwrightCLI):
         return None
 
     def after_instantiate_classes(self) -> None:
-        check_data(self.model, self.datamodule)
-        self.startup_logs.release()
+        check_data(self.model, self.datamodule)  # Lightning's start-up lines ("Seed set to 0") are dropped
 
 
 def build_job(args: list[str], extra: dict[str, Extra] | None = None) -> Job:

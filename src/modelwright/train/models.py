@@ -23,7 +23,7 @@ class ResNet18(ResNet):
         in_channels: channels of the input images (3: RGB, 1: grey).
     """
 
-    checkpoint_policies = {"block": ("BasicBlock",), "stage": ("layer1", "layer2", "layer3", "layer4")}
+    checkpoint_policies = {"stage": ("layer1", "layer2", "layer3", "layer4"), "block": ("BasicBlock",)}
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
         super().__init__(BasicBlock, [2, 2, 2, 2], num_classes=num_classes)
@@ -52,7 +52,7 @@ class SmallCNN(nn.Module):
         in_channels: channels of the input images.
     """
 
-    checkpoint_policies = {"block": ("ConvBlock",), "stage": ("stages.0", "stages.1", "stages.2")}
+    checkpoint_policies = {"stage": ("stages.0", "stages.1", "stages.2"), "block": ("ConvBlock",)}
 
     def __init__(self, num_classes: int = 10, width: int = 32, in_channels: int = 3) -> None:
         super().__init__()

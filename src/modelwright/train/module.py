@@ -4,7 +4,6 @@ techniques, each one line of YAML under ``model:``; the network itself by class 
 
 import dataclasses
 import inspect
-import warnings
 from typing import Any
 
 import torch
@@ -16,7 +15,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from modelwright import techniques
 from modelwright.errors import require
-from modelwright.train._internals import given_hyperparameters
+from modelwright.train._internals import given_hyperparameters, hyperparameters_given
 from modelwright.train.args import ModelArgs, from_hparams
 from modelwright.train.models import ResNet18
 from modelwright.train.optim import build_scheduler
@@ -53,12 +52,13 @@ class ImageClassifier(LightningModule):
         super().__init__()
         self.args = ModelArgs(**arguments)  # checks the values
         self.net: nn.Module = network if network is not None else ResNet18()
-        hparams = given_hyperparameters()  # under LightningCLI: the network's class_path and init_args
+        # Under LightningCLI: the config as given, the network's class_path and init_args among it; else the
+        # arguments, the network by its class. (The signature, built from ModelArgs, is not this frame's.)
+        hparams = given_hyperparameters()
         if hparams is None:
             hparams = {"network": network_spec(self.net), **dataclasses.asdict(self.args)}
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
-            self.save_hyperparameters(hparams)
+        with hyperparameters_given(hparams):
+            self.save_hyperparameters()
         self.num_classes = self.args.num_classes
         self.train_acc: MulticlassAccuracy | None = None
         self.val_acc: MulticlassAccuracy | None = None
@@ -169,7 +169,7 @@ def _signature() -> inspect.Signature:
 def _docstring() -> str:
     """The arguments' help, from the dataclasses' own ``Args:`` sections."""
     network = ("        network: any ``torch.nn.Module`` by class name (ResNet18, SmallCNN, SmallViT) or class "
-               "path, with its ``init_args``.")
+               "path, with its ``init_args``; null: ResNet18 with 10 classes.")
     sections = [inspect.getdoc(cls).split("Args:\n", 1)[1] for cls in (techniques.TechniqueArgs, ModelArgs)]
     body = "\n".join("\n".join("    " + line for line in section.splitlines()) for section in sections)
     return f"{ImageClassifier.__doc__}\n\n    Args:\n{network}\n{body}\n"

@@ -9,7 +9,9 @@ To run: ``planner.predict_peak(config)`` (the study predicts every run this way 
 import contextlib
 import copy
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -213,40 +215,58 @@ def _prepared(module: Any, config: Mapping, device: torch.device, plugin: Precis
     return module, _first_optimizer(module.configure_optimizers()), ddp
 
 
-def _timeline(module: Any, config: Mapping, batch: Any, size: int, kind: str, ranks: int, device: torch.device,
-              plugin: Precision, accumulate: int) -> Timeline:
+@dataclass(frozen=True)
+class _Setting:
+    """How the run trains, as its config says: the strategy and its ranks, the device, the precision plugin,
+    the micro-batches of a step."""
+
+    kind: str
+    ranks: int
+    device: torch.device
+    plugin: Precision
+    accumulate: int
+
+    @classmethod
+    def of(cls, config: Mapping) -> "_Setting":
+        accelerator = str(get_path(config, "trainer.accelerator", "auto"))
+        gpu = accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available()
+        device = torch.device("cuda" if gpu else "cpu")
+        plugin = precision_plugin(precision_of(get_path(config, "trainer.precision")).name, device)
+        accumulate = int(get_path(config, "trainer.accumulate_grad_batches", 1) or 1)
+        return cls(strategy_kind(config), world_size(config), device, plugin, accumulate)
+
+
+def _timeline(module: Any, config: Mapping, batch: Any, size: int, setting: _Setting) -> Timeline:
     """One warm-up step of ``size`` samples per micro-batch (the optimizer's state exists from there on, as at
     a run's captured step), then the captured one."""
-    with _ranks(kind, ranks, device) as mesh:
-        module, optimizer, ddp = _prepared(module, config, device, plugin, kind, mesh)
-        step = _Step(module, optimizer, plugin, ddp)
-        pieces = _micro_batches(batch, size, accumulate, device, plugin)
+    with _ranks(setting.kind, setting.ranks, setting.device) as mesh:
+        module, optimizer, ddp = _prepared(module, config, setting.device, setting.plugin, setting.kind, mesh)
+        step = _Step(module, optimizer, setting.plugin, ddp)
+        pieces = _micro_batches(batch, size, setting.accumulate, setting.device, setting.plugin)
         step(pieces)
-        return capture(lambda tracker: step(pieces, tracker), device, [module], [optimizer], pieces, size,
-                       explicit_update=True)
+        return capture(lambda tracker: step(pieces, tracker), setting.device, [module], [optimizer], pieces,
+                       size, explicit_update=True)
 
 
 def rehearse(config: Mapping, micro_batches: tuple[int, int] = MICRO_BATCHES) -> Rehearsal:
     """Two rehearsed steps of the job ``config`` (resolved, as ``main.py fit --print_config`` shows it) on
     this machine, one per micro-batch of ``micro_batches``: what :class:`Rehearsal` predicts from."""
-    kind = strategy_kind(config)
-    ranks = world_size(config)
-    accelerator = str(get_path(config, "trainer.accelerator", "auto"))
-    device = torch.device("cuda" if accelerator in ("auto", "cuda", "gpu") and torch.cuda.is_available()
-                          else "cpu")
-    precision = precision_of(get_path(config, "trainer.precision")).name
-    plugin = precision_plugin(precision, device)
-    accumulate = int(get_path(config, "trainer.accumulate_grad_batches", 1) or 1)
+    setting = _Setting.of(config)
     job = build_from_config(config)
-    batch = _example_batch(job.datamodule, max(micro_batches) * accumulate)
+    batch = _example_batch(job.datamodule, max(micro_batches) * setting.accumulate)
     pristine = copy.deepcopy(job.model)
     timelines = []
-    for size in micro_batches:
-        # A module of its own per micro-batch: the first capture must leave nothing the second meets (a
-        # torchmetrics metric's hash changes with its state, and the tracker's weak references keep the old).
-        module = copy.deepcopy(pristine)
-        timelines.append(_timeline(module, config, batch, size, kind, ranks, device, plugin, accumulate))
-    what = f"{type(pristine).__name__}, {plugin.__class__.__name__}, {kind} x {ranks}, on {device.type}"
+    with warnings.catch_warnings():
+        # the module's self.log() outside a Trainer, once per call: nothing is logged in a rehearsal
+        warnings.filterwarnings("ignore", message=r"You are trying to `self.log\(\)`")
+        for size in micro_batches:
+            # A module of its own per micro-batch: the first capture must leave nothing the second meets (a
+            # torchmetrics metric's hash changes with its state, and the tracker's weak references keep the
+            # old one).
+            module = copy.deepcopy(pristine)
+            timelines.append(_timeline(module, config, batch, size, setting))
+    what = (f"{type(pristine).__name__}, {setting.plugin.__class__.__name__}, {setting.kind} x {setting.ranks}, "
+            f"on {setting.device.type}")
     return Rehearsal.of(timelines, what, frozenset(type(module).__name__ for module in pristine.modules()))
 
 
