@@ -6,7 +6,7 @@ sequences 256..8192; about 3 minutes on a 2-core CPU); on a GPU
 --impls naive sdpa sdpa-flash sdpa-efficient sdpa-math``.
 
 One self-attention block, ``nn.MultiheadAttention`` as the small ViT builds it
-(:func:`modelwright.train.models.small_vit`: its heads and head dimension are the defaults), runs forward and
+(:class:`modelwright.train.models.SmallViT`: its heads and head dimension are the defaults), runs forward and
 backward with its attention core computed two ways on the same weights and input:
 
 * ``naive``: attention written out, ``softmax(Q K^T / sqrt(d)) V``. The full ``batch x heads x seq x seq`` score
@@ -79,9 +79,9 @@ TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2, "float16": 1e-2}
 
 def vit_attention_shape() -> tuple[int, int]:
     """Heads and head dimension of the small ViT's attention (the defaults)."""
-    from modelwright.train.models import small_vit
+    from modelwright.train.models import SmallViT
 
-    attn = small_vit().encoder.layers[0].self_attention
+    attn = SmallViT().encoder.layers[0].self_attention
     return attn.num_heads, attn.head_dim
 
 

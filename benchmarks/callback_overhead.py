@@ -38,6 +38,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.callbacks import Callback
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,8 +48,7 @@ from callbacks.run_monitor import RunMonitor  # noqa: E402
 from modelwright.measure import device_sync, hardware_info, percentile, versions  # noqa: E402
 from modelwright.study import hardware_slug  # noqa: E402
 from modelwright.train.cli import BASE_CONFIG, ModelwrightCLI  # noqa: E402
-from modelwright.train.data import ImageDataModule  # noqa: E402
-from modelwright.train.module import ImageClassifier  # noqa: E402
+from modelwright.train.models import SHORT_NAMES  # noqa: E402
 
 MEASUREMENT = (RunMonitor,)
 
@@ -133,16 +133,19 @@ def one_run(
         f"--trainer.accelerator={args.accelerator}",
     ]
     if args.model:
-        overrides.append(f"--model.model_name={args.model}")
+        overrides.append(f"--model.network={SHORT_NAMES.get(args.model, args.model)}")
     if args.batch_size:
         overrides.append(f"--data.batch_size={args.batch_size}")
     cli = ModelwrightCLI(
-        ImageClassifier,
-        ImageDataModule,
+        LightningModule,
+        LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
         run=False,
         args=overrides,
         parser_kwargs={"default_config_files": [str(BASE_CONFIG)]},
         save_config_callback=None,
+        auto_configure_optimizers=False,
     )
     trainer = cli.trainer
     if not callbacks_on:
@@ -169,7 +172,8 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--warmup", type=int, default=3, help="first steps of each run left out")
     parser.add_argument("--repeats", type=int, default=3, help="pairs of runs (on, off), interleaved")
     parser.add_argument("--accelerator", default="auto")
-    parser.add_argument("--model", default=None, help="override model.model_name (default: the base config's)")
+    parser.add_argument("--model", default=None,
+                        help="resnet18, smallcnn, vit or a class path: model.network (default: the base config's)")
     parser.add_argument("--batch-size", type=int, default=None, help="override data.batch_size")
     parser.add_argument("--out", default=None, help="results file (default: results/<slug>/callback_overhead.json)")
     given = list(sys.argv[1:] if argv is None else argv)

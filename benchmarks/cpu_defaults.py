@@ -48,9 +48,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from modelwright.measure import hardware_info, hardware_peak, training_flops, versions  # noqa: E402
 from modelwright.study import hardware_slug, resolve_config  # noqa: E402
+from modelwright.techniques import TechniqueArgs, build_optimizer  # noqa: E402
+from modelwright.train import models  # noqa: E402
 from modelwright.train.data import ImageDataModule  # noqa: E402
-from modelwright.train.models import build_model  # noqa: E402
-from modelwright.train.module import build_optimizer  # noqa: E402
 from modelwright.train.runtime import CPU_MALLOC_MODES, set_cpu_malloc  # noqa: E402
 
 GROUPS = ("memory_format", "optimizer_impl", "threads", "num_workers", "compile", "cpu_malloc")
@@ -72,7 +72,7 @@ class Option:
 def base_defaults() -> dict[str, Any]:
     """The settings ``configs/base.yaml`` gives the model and data (what a plain ``main.py fit`` runs)."""
     cfg = resolve_config([], {})
-    model, data = cfg["model"], cfg["data"]
+    model, data = cfg["model"]["init_args"], cfg["data"]["init_args"]
     return {
         "memory_format": "channels_last" if model.get("channels_last") else "contiguous",
         # "auto" is torch's own choice: foreach on CUDA, the for-loop on a CPU
@@ -109,13 +109,12 @@ def build_option(group: str, value: Any, args: argparse.Namespace, defaults: dic
     settings = {k: defaults[k] for k in ("memory_format", "optimizer_impl", "threads", "num_workers", "compile")}
     settings[group] = value
     torch.manual_seed(args.seed)
-    net = build_model(args.model, 10)
+    net = getattr(models, models.SHORT_NAMES[args.model])(num_classes=10)
     fmt = torch.channels_last if settings["memory_format"] == "channels_last" else torch.contiguous_format
     net = net.to(memory_format=fmt).train()
-    optimizer = build_optimizer(
-        net.parameters(), optimizer=defaults["optimizer"], lr=defaults["lr"], momentum=0.9,
-        weight_decay=defaults["weight_decay"], optimizer_impl=settings["optimizer_impl"],
-    )
+    chosen = TechniqueArgs(optimizer=defaults["optimizer"], optimizer_impl=settings["optimizer_impl"])
+    optimizer = build_optimizer(net.parameters(), chosen, lr=defaults["lr"], momentum=0.9,
+                                weight_decay=defaults["weight_decay"])
     workers = settings["num_workers"]
     dm = ImageDataModule(
         batch_size=args.batch_size, train_size=args.batch_size * 16, num_workers=workers,

@@ -4,9 +4,9 @@ To run: ``uv run python benchmarks/overhead.py`` (resnet18, batch 128, fp32, Ada
 laptop CPU); ``--model smallcnn --epoch`` times whole epochs of the small CNN, where a fixed per-step or
 per-epoch cost shows most; ``--accelerator cuda --batch-size 256 --steps 30`` on a GPU.
 
-The three loops train the same network (:func:`modelwright.train.models.build_model`), on the same data
+The three loops train the same network (one of :mod:`modelwright.train.models`), on the same data
 (:class:`modelwright.train.data.ImageDataModule`'s training loader, synthetic), with the same batch, precision,
-optimizer and schedule (:func:`modelwright.train.module.build_optimizer` / ``build_scheduler``, hyperparameters from
+optimizer and schedule (:func:`modelwright.techniques.build_optimizer` / ``train.optim.build_scheduler``, hyperparameters from
 ``configs/base.yaml``), for the same number of steps:
 
 * ``raw``: a plain loop (autocast for mixed precision, ``GradScaler`` for fp16; the base config's ``channels_last``,
@@ -91,38 +91,31 @@ class Stamps:
 
 
 def _install_probes(stamps: Stamps) -> None:
-    """Wrap the training loader's ``collate_fn`` and the network's first forward, in every loop alike."""
-    import modelwright.loops.accelerate
-    import modelwright.train.module
+    """Wrap the training loader's ``collate_fn`` and the network's first forward, in every loop alike (both
+    loops take their loaders from the data module and prepare the network with ``prepare_network``)."""
+    from modelwright import techniques
     from modelwright.train.data import ImageDataModule
 
     original_loader = ImageDataModule.train_dataloader
-    original_build = modelwright.train.module.build_model
+    original_prepare = techniques.prepare_network
 
     def train_dataloader(self):
         loader = original_loader(self)
         loader.collate_fn = stamps.collate(loader.collate_fn)
         return loader
 
-    def build_model(*args, **kwargs):
-        net = original_build(*args, **kwargs)
-        net.register_forward_pre_hook(stamps.forward_pre_hook)
-        return net
+    def prepare_network(network, *args, **kwargs):
+        network.register_forward_pre_hook(stamps.forward_pre_hook)
+        return original_prepare(network, *args, **kwargs)
 
-    def image_loader(dataset, args, train, **kwargs):
-        loader = original_image_loader(dataset, args, train, **kwargs)
-        if train:
-            loader.collate_fn = stamps.collate(loader.collate_fn)
-        return loader
-
-    original_image_loader = modelwright.loops.accelerate.image_loader
     ImageDataModule.train_dataloader = train_dataloader
-    modelwright.train.module.build_model = modelwright.loops.accelerate.build_model = build_model
-    modelwright.loops.accelerate.image_loader = image_loader
+    techniques.prepare_network = prepare_network
 
 
 def _common_overrides(spec: dict[str, Any], log_dir: str) -> list[str]:
     """The command-line overrides the Lightning and Accelerate loops share (what the raw loop hard-codes)."""
+    from modelwright.train.models import SHORT_NAMES
+
     return [
         "--config", spec["callbacks_yaml"],
         f"--trainer.accelerator={spec['accelerator']}",
@@ -133,7 +126,7 @@ def _common_overrides(spec: dict[str, Any], log_dir: str) -> list[str]:
         "--trainer.num_sanity_val_steps=0",
         "--trainer.enable_checkpointing=false",
         f"--trainer.logger.init_args.save_dir={log_dir}",
-        f"--model.model_name={spec['model']}",
+        f"--model.network={SHORT_NAMES[spec['model']]}",
         f"--model.optimizer={spec['optimizer']}",
         f"--data.batch_size={spec['batch_size']}",
         f"--data.train_size={spec['train_size']}",
@@ -147,15 +140,17 @@ def _raw_loop(spec: dict[str, Any], device) -> None:
     import torch.nn.functional as F
     from lightning.fabric.utilities.seed import seed_everything
 
-    import modelwright.train.module as mm
+    from modelwright import techniques
+    from modelwright.train import models
     from modelwright.train.data import ImageDataModule
+    from modelwright.train.optim import build_scheduler
     from modelwright.train.runtime import set_cpu_malloc
 
     hp = spec["model_hparams"]
     # The process settings of the base config, as the CLI and the Accelerate loop apply them.
     set_cpu_malloc(spec.get("cpu_malloc", "system"))
     seed_everything(spec["seed"])
-    net = mm.build_model(spec["model"], hp.get("num_classes", 10)).to(device)
+    net = getattr(models, models.SHORT_NAMES[spec["model"]])(num_classes=10).to(device)
     # The memory format and compile of the base config, as ImageClassifier applies them.
     fmt = torch.channels_last if hp.get("channels_last") else torch.contiguous_format
     net = net.to(memory_format=fmt)
@@ -163,12 +158,11 @@ def _raw_loop(spec: dict[str, Any], device) -> None:
     dm = ImageDataModule(batch_size=spec["batch_size"], train_size=spec["train_size"], num_workers=0)
     dm.setup("fit")
     loader = dm.train_dataloader()
-    optimizer = mm.build_optimizer(
-        net.parameters(), optimizer=spec["optimizer"], lr=hp["lr"], momentum=hp.get("momentum", 0.9),
-        weight_decay=hp["weight_decay"], optimizer_impl=hp.get("optimizer_impl", "auto"),
-    )
+    chosen = techniques.TechniqueArgs(optimizer=spec["optimizer"], optimizer_impl=hp.get("optimizer_impl", "auto"))
+    optimizer = techniques.build_optimizer(net.parameters(), chosen, lr=hp["lr"], momentum=hp.get("momentum", 0.9),
+                                           weight_decay=hp["weight_decay"])
     total = min(spec["max_steps"], len(loader) * spec["max_epochs"])
-    scheduler = mm.build_scheduler(optimizer, hp.get("scheduler", "none"), lr=hp["lr"], total_steps=total)
+    scheduler = build_scheduler(optimizer, hp.get("scheduler", "none"), lr=hp["lr"], total_steps=total)
     precision = spec["precision"]
     if precision == "16-mixed" and device.type == "cpu":
         precision = "bf16-mixed"  # as Lightning does: no float16 autocast on CPU
@@ -279,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="resnet18", choices=("resnet18", "smallcnn", "vit"))
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--precision", default="32-true", choices=PRECISIONS)
-    p.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
+    p.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd", "adafactor"))
     p.add_argument("--accelerator", default="auto", help="auto, cpu or cuda")
     p.add_argument("--warmup", type=int, default=2, help="steps left out at the start of each run")
     p.add_argument("--steps", type=int, default=6, help="timed steps per run")
@@ -378,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
                     "accelerator": accelerator, "precision": args.precision, "model": args.model,
                     "optimizer": args.optimizer, "batch_size": args.batch_size, "train_size": train_size,
                     "max_steps": max_steps, "max_epochs": max_epochs, "seed": base.get("seed_everything", 0),
-                    "model_hparams": base["model"], "cpu_malloc": base.get("cpu_malloc", "system"),
+                    "model_hparams": base["model"]["init_args"], "cpu_malloc": base.get("cpu_malloc", "system"),
                     "callbacks_yaml": str(callbacks_yaml),
                     "extra": args.extra, "result": str(result),
                 }

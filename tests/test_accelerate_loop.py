@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from modelwright.train.models import ResNet18, SmallCNN, SmallViT
+from modelwright.train.models import SmallViT
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SMALL = [

@@ -6,8 +6,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from modelwright.train.models import SmallCNN, SmallViT
 from modelwright.train.data import ImageDataModule
+from modelwright.train.models import SmallCNN, SmallViT
 from modelwright.train.module import ImageClassifier
 
 

@@ -280,10 +280,16 @@ def test_the_tools_say_what_each_does_and_a_wrong_one_is_one_line(capsys):
 
 
 def test_a_tools_help_shows_its_whole_description(capsys):
-    """jsonargparse shows a docstring's first line: the accelerate tool's was cut off mid-sentence."""
+    """jsonargparse shows a docstring's first line: the study's was cut off mid-sentence; the accelerate
+    tool prints its own usage, whole."""
     from modelwright.__main__ import main
 
     with pytest.raises(SystemExit):
-        main(["accelerate", "--help"])
+        main(["study", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "version_N/record.json``, the next free N. Returns the trained network" in text
+    assert "then write the table, plots and README section. Returns 0, or 1 if every run" in text
+    assert main(["accelerate", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "version_N/record.json, the next free N." in text and "(inputs, labels) batches." in text
+
+

@@ -25,7 +25,7 @@ from modelwright.measure import MIB, error_status, hardware_peak, training_flops
 from modelwright.record import get_path, read_record, validate_record
 from modelwright.train.cli import cli_main
 from modelwright.train.data import ImageDataModule
-from modelwright.train.models import ResNet18, SmallCNN, SmallViT
+from modelwright.train.models import SmallCNN
 from modelwright.train.module import ImageClassifier
 
 REPO = Path(__file__).resolve().parents[1]

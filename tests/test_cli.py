@@ -67,7 +67,8 @@ def test_print_config_shows_the_merged_config(tmp_path, capsys):
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert "precision: bf16-mixed" in out, "the delta file wins"
-    assert "model_name: resnet18" in out, "base.yaml supplies the rest"
+    assert "weight_decay: 0.05" in out and "class_path: modelwright.train.module.ImageClassifier" in out, \
+        "base.yaml supplies the rest"
 
 
 def test_precision_change_is_said_and_applied(tmp_path, caplog):

@@ -12,8 +12,8 @@ from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
 from torch.utils.flop_counter import FlopCounterMode
 
 from callbacks import _lightning
-from modelwright.train.models import SmallCNN, SmallViT
 from modelwright.train.data import ImageDataModule
+from modelwright.train.models import SmallCNN
 from modelwright.train.module import ImageClassifier
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from modelwright.train.models import SHORT_NAMES, ResNet18, SmallCNN, SmallViT
 from modelwright.techniques import apply_checkpointing, checkpoint_segments, checkpointed_modules
+from modelwright.train.models import SHORT_NAMES, ResNet18, SmallCNN, SmallViT
 
 NETWORKS = {"resnet18": ResNet18, "smallcnn": SmallCNN, "vit": SmallViT}
 

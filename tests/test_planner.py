@@ -23,7 +23,6 @@ from modelwright.planner.scale import (
     pipeline_bubble_fraction,
     predict_memory_mib,
 )
-from modelwright.record import read_record, read_records
 
 
 def test_bytes_per_parameter_table():

@@ -68,7 +68,8 @@ def test_resume_refuses_changed_arguments_naming_each_unless_allowed(tmp_path, c
     assert "max_epochs" not in line, "how long to train may change on resume"
     assert cli_main([*one_epoch, "--ckpt_path", "last", "--model.network", "ResNet18"]) == 2
     (line,) = capfd.readouterr().err.strip().splitlines()
-    assert "holds smallcnn weights, but model.model_name is 'resnet18'" in line
+    assert "holds modelwright.train.models.SmallCNN weights, but model.network is " \
+        "modelwright.train.models.ResNet18" in line
     assert _versions(tmp_path) == ["version_0"], "a refused resume makes no version"
     assert cli_main([*changed, "--allow_resume_changes", "true"]) == 0
     resumed = _checkpoint(tmp_path / "base" / "version_1" / "checkpoints" / "last.ckpt")

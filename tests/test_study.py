@@ -570,3 +570,54 @@ def test_an_epoch_runs_callbacks_file_keeps_the_memory_capture_off(tmp_path):
         callbacks = yaml.safe_load((run_dir / "callbacks.yaml").read_text())["trainer"]["callbacks"]
         monitor = next(c for c in callbacks if c["class_path"].endswith("RunMonitor"))
         assert monitor["init_args"]["anatomy"] is anatomy, kind
+
+
+USER_JOB = """
+trainer:
+  logger:
+    init_args:
+      name: my-job
+model:
+  network:
+    class_path: user_nets.ThreeLayerCNN
+  channels_last: false
+data:
+  batch_size: {batch}
+  channels: 1
+  image_size: 28
+"""
+
+
+def _job_args(root: Path, job: Path, *extra: str) -> list[str]:
+    return ["study", "--config", str(job), "--slug", SLUG, "--accelerator", "cpu", "--results",
+            str(root / "results"), "--workdir", str(root / "work"), *extra]
+
+
+def test_a_users_job_is_studied_with_each_technique_under_its_own_name(tmp_path, capsys, monkeypatch):
+    """`study --config my_job.yaml`: every run is the job plus one change of plan_job.yaml; accumulation keeps
+    the job's effective batch; the outputs go under the job's name."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "tests" / "jobs"))
+    job = tmp_path / "my_job.yaml"
+    job.write_text(USER_JOB.format(batch=32))
+    assert cli.main(_job_args(tmp_path, job, "--repeats", "1", "--dry_run", "true")) == 0
+    err = capsys.readouterr().err
+    assert f"results: {tmp_path / 'results' / SLUG / 'my-job'}/" in err
+    commands = [line for line in err.splitlines() if " r0 [" in line]
+    names = [line.split(" r0 [")[0].strip() for line in commands]
+    planned = [entry.name for entry in plan.load_plan(REPO_ROOT / "configs/study/plan_job.yaml").entries]
+    assert set(names) <= set(planned) and {"baseline", "accumulate", "checkpointing", "sgd"} <= set(names)
+    assert all(f"fit --config {job} --config " in line for line in commands), "the job's file first"
+    (accumulate,) = [line for line in commands if line.strip().startswith("accumulate r0")]
+    assert "--trainer.accumulate_grad_batches=4 --data.batch_size=8" in accumulate, "32 = 4 x 8"
+    assert "--model.network" not in err, "the job's own network, not the plan's"
+
+
+def test_a_users_job_whose_batch_accumulation_cannot_divide_is_refused_naming_the_run(tmp_path, capsys,
+                                                                                       monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "tests" / "jobs"))
+    job = tmp_path / "my_job.yaml"
+    job.write_text(USER_JOB.format(batch=30))
+    assert cli.main(_job_args(tmp_path, job, "--dry_run", "true")) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "runs.accumulate.accumulate: 4 does not divide the job's data.batch_size 30" in line
+    assert not (tmp_path / "results").exists() and not (tmp_path / "work").exists()

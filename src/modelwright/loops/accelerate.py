@@ -9,6 +9,7 @@ and optimizer step, with the same :class:`~modelwright.measure.StepProbe` calls 
 hooks around them.
 """
 
+import inspect
 import math
 import os
 import sys
@@ -22,6 +23,7 @@ import yaml
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import broadcast_object_list
+from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader
 from torchmetrics.functional.classification import multiclass_accuracy
 from tqdm import tqdm
@@ -99,6 +101,7 @@ def accelerate(argv: list[str]) -> tuple[torch.nn.Module, dict]:
             f"ImageClassifier (any network under model.network), not {type(job.model).__name__}; a "
             "LightningModule of your own trains with main.py fit")
     config = job.config
+    refuse_unused_trainer_keys(config["trainer"])
     trainer = TrainerArgs(**{key: value for key, value in config["trainer"].items() if key in TRAINER_KEYS})
     data_args = getattr(job.datamodule, "args", None)
     check_accelerate_run(data_args if isinstance(data_args, (DataArgs, ImageFolderArgs)) else None, trainer,
@@ -127,6 +130,19 @@ def accelerate(argv: list[str]) -> tuple[torch.nn.Module, dict]:
         probe.stop()
         record = finish(run, probe, history, config, status, error)
     return run.plain, record
+
+
+def refuse_unused_trainer_keys(trainer_config: dict) -> None:
+    """A ``trainer:`` key the loop does not read, set off Lightning's default (``overfit_batches: 2``),
+    would be silently ignored: refused instead, naming it."""
+    defaults = inspect.signature(Trainer.__init__).parameters
+    for key, value in trainer_config.items():
+        if key in TRAINER_KEYS or key not in defaults:
+            continue
+        default = defaults[key].default
+        require(value == default, f"trainer.{key}: the accelerate loop does not apply it (got {value!r}; "
+                f"Lightning's default is {default!r}); `python -m modelwright accelerate --help` lists what it "
+                "reads")
 
 
 def train(run: Run, probe: measure.StepProbe, history: "History", model: ModelArgs,

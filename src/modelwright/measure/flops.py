@@ -20,8 +20,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from modelwright.errors import ConfigError
 from modelwright.measure.facts import available_cpus, cpu_model, cpuinfo, cuda_device
-from modelwright.techniques import precision
 from modelwright.record import DEFINITIONS_VERSION, write_text_atomic
+from modelwright.techniques import precision
 
 
 def meta_copy(module: nn.Module) -> nn.Module:

@@ -16,7 +16,13 @@ from modelwright.errors import ConfigError, require
 from modelwright.planner.advisor import advise, options, recommend, shardings, slowdowns
 from modelwright.planner.memory import largest_batch, predict_peak_mib
 from modelwright.planner.prices import DEFAULT_PRICES
-from modelwright.planner.scale import Assumptions, markdown_tables, model_shape, predict_step, spec_from_record
+from modelwright.planner.scale import (
+    Assumptions,
+    markdown_tables,
+    model_shape,
+    predict_step,
+    spec_from_record,
+)
 from modelwright.record import get_path, read_record, read_records
 
 __all__ = ["Assumptions", "advise", "largest_batch", "markdown_tables", "options", "plan", "predict_peak_mib",
@@ -124,7 +130,7 @@ def _advise(config: Sequence[Path], source: Path | None, model: str | None, batc
     source = source or newest_records()
     records = read_records(source) if source is not None and Path(source).is_file() else []
     ok = [found for found in records if is_ok_of_model(found, model)]
-    on_cpu = not (str(get_path(resolved, "trainer.accelerator")) in ("cuda", "gpu"))
+    on_cpu = str(get_path(resolved, "trainer.accelerator")) not in ("cuda", "gpu")
     label = " of tensor memory (CPU: tensor bytes, not process RSS)" if on_cpu else ""
     checks = check_records(Path(source)) if source is not None else []
     print(advise(resolved, batch or effective_batch(resolved), budget_gib * 1024, ok, label, checks,

@@ -11,9 +11,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from modelwright.fmt import ratio, sig, table
 from tqdm import tqdm
 
+from modelwright.fmt import ratio, sig, table
 from modelwright.planner.memory import (
     MIB,
     param_state_bytes,
@@ -21,9 +21,9 @@ from modelwright.planner.memory import (
     state_bytes_per_rank,
     with_values,
 )
-from modelwright.techniques import declared_policies
 from modelwright.record import get_path
 from modelwright.study_rows import Row, SpreadBand, build_rows, verdict
+from modelwright.techniques import declared_policies
 
 #: The study run whose step time, over the baseline's, is each technique's slowdown.
 TECHNIQUE_RUNS = {"bf16-mixed": "amp", "stage": "checkpointing-stage", "block": "checkpointing-block",

@@ -9,8 +9,8 @@ from modelwright import planner
 from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
 from modelwright.planner.prices import GPU_NAMES, MachinePrice, machine_price
 from modelwright.record import get_path
-from modelwright.techniques import setup_words
 from modelwright.study_rows import LOSS_STEPS, BudgetRow, Row, div, provenance_group
+from modelwright.techniques import setup_words
 
 __all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "scaleout_table", "setup_text"]
 #: airbench's "standard ResNet-18" baseline on one A100 (Keller Jordan, airbench README, 2024): 32.3 PFLOP in

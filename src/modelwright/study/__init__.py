@@ -18,10 +18,10 @@ from typing import Any
 
 from jsonargparse.typing import NonNegativeInt, PositiveFloat, PositiveInt
 
-from modelwright import fmt, repo_path
+from modelwright import REPO_ROOT, fmt, repo_path
 from modelwright.errors import require
 from modelwright.fmt import finite
-from modelwright.record import read_records
+from modelwright.record import get_path, read_records
 from modelwright.report import generate
 from modelwright.study.budget import budget_phase
 from modelwright.study.plan import (
@@ -158,6 +158,7 @@ class _Sweep:
     specs: list[RunSpec]  # the timed runs, repeats round-robin, then one whole epoch of each entry
     budget_gib: float | None
     budget_runs: list[str]
+    job_name: str = ""  # a user's job's (its trainer.logger name): its outputs' folder
 
     @property
     def budget(self) -> bool:
@@ -174,7 +175,20 @@ def _settings(plan: Plan, arguments: dict[str, Any], device: str) -> Settings:
                     measured_steps=for_device(chosen("steps", plan.measured_steps), device),
                     repeats=arguments["repeats"] or plan.repeats,
                     val_batches=chosen("val_batches", plan.val_batches),
-                    model=arguments["model"] or plan.model, overrides=dict(arguments["overrides"] or {}))
+                    model=arguments["model"] or plan.model, overrides=dict(arguments["overrides"] or {}),
+                    job=tuple(rel(path) for path in arguments["job"]))
+
+
+def _job_name(settings: Settings) -> str:
+    """The folder of a user's job's outputs: its ``trainer.logger.init_args.name`` (``""``: no job)."""
+    if not settings.job:
+        return ""
+    for path in settings.job:
+        require(Path(path).is_file() or (REPO_ROOT / path).is_file(), f"config: no file {path}")
+    name = get_path(resolve_config(list(settings.job)), "trainer.logger.init_args.name")
+    require(isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) is not None,
+            f"trainer.logger.init_args.name: the job's name names its results folder; got {name!r}")
+    return name
 
 
 def _sweep(plan: Plan, arguments: dict[str, Any]) -> _Sweep:
@@ -185,6 +199,7 @@ def _sweep(plan: Plan, arguments: dict[str, Any]) -> _Sweep:
     if arguments["accelerator"] in ("cuda", "gpu") or slug.startswith("cuda-"):
         device = "cuda"
     settings = _settings(plan, arguments, device)
+    job_name = _job_name(settings)
     runnable, elsewhere = _runnable(plan, arguments["only"], device)
     # Round-robin: every run once, then again, so that a slow spell of the machine spreads over every row.
     specs = [build_spec(entry, plan.entries.index(entry), settings, repeat)
@@ -197,7 +212,7 @@ def _sweep(plan: Plan, arguments: dict[str, Any]) -> _Sweep:
         budget_gib = arguments["budget_gib"] or plan.budget_gib
     runnable_names = {entry.name for entry in runnable}
     budget_runs = [name for name in plan.budget_runs if name in runnable_names]
-    return _Sweep(plan, settings, device, runnable, elsewhere, specs, budget_gib, budget_runs)
+    return _Sweep(plan, settings, device, runnable, elsewhere, specs, budget_gib, budget_runs, job_name)
 
 
 def _announce(sweep: _Sweep, to_run: int, results_dir: Path) -> None:
@@ -254,20 +269,30 @@ def _write_summary(sweep: _Sweep, runner: Study, results_dir: Path, cmd: list[st
 
 
 def _command(arguments: dict[str, Any]) -> list[str]:
-    """The study command that reproduces the records: the arguments that differ from their defaults."""
+    """The study command that reproduces the records: the job's files as ``--config``, then the arguments
+    that differ from their defaults."""
     defaults = inspect.signature(study).parameters
-    given = {name: value for name, value in arguments.items() if value != defaults[name].default}
-    return ["python", "-m", "modelwright", "study", *(f"--{name}={cli_value(value)}" for name, value in
-                                                       given.items())]
+    given = {name: value for name, value in arguments.items()
+             if name != "job" and value != defaults[name].default}
+    job = [part for path in arguments["job"] for part in ("--config", rel(path))]
+    return ["python", "-m", "modelwright", "study", *job,
+            *(f"--{name}={cli_value(value)}" for name, value in given.items())]
 
 
-def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] | None = None,
+DEFAULT_PLAN = Path("configs/study/plan_default.yaml")
+#: The plan of a user's job (``study --config my_job.yaml``): its baseline, each technique alone, combined.
+JOB_PLAN = Path("configs/study/plan_job.yaml")
+DEFAULT_README = Path("README.md")
+
+
+def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
+          plan: Path = DEFAULT_PLAN, only: list[str] | None = None,
           model: str | None = None, accelerator: str = "auto", warmup_steps: NonNegativeInt | None = None,
           steps: PositiveInt | None = None, repeats: PositiveInt | None = None,
           val_batches: NonNegativeInt | None = None, overrides: dict[str, Any] | None = None,
           budget_gib: PositiveFloat | None = None, budget: bool = True, results: Path = Path("results"),
           slug: str | None = None, workdir: Path = Path("lightning_logs/study"),
-          readme: Path | None = Path("README.md"), report: bool = True, allow_mixed: bool = False,
+          readme: Path | None = DEFAULT_README, report: bool = True, allow_mixed: bool = False,
           rerun: bool = False, retry_failed: bool = False, run_timeout_s: PositiveFloat | None = None,
           predict: bool = True, epochs: bool = True, dry_run: bool = False) -> int:
     """Run a plan of experiment configs, each in a fresh process, then write the table, plots and README
@@ -275,6 +300,9 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
     status 2).
 
     Args:
+        job: a training job's config files, given as ``--config FILE`` as to ``main.py fit``: every run is
+            that job with the plan's changes, the plan by default configs/study/plan_job.yaml, the outputs
+            under <results>/<hardware slug>/<job name>/ (its trainer.logger name), the README left alone.
         plan: the plan file (configs/study/plan_*.yaml).
         only: run names of the plan to run, e.g. [baseline,amp].
         model: the network of every run (overrides the plan's): resnet18, smallcnn, vit, or a class path.
@@ -303,9 +331,12 @@ def study(plan: Path = Path("configs/study/plan_default.yaml"), only: list[str] 
     cmd = _command(arguments)
     started = time.perf_counter()
     arguments["slug"] = slug or hardware_slug(accelerator)
+    if job:
+        plan = JOB_PLAN if plan == DEFAULT_PLAN else plan
+        readme = None if readme == DEFAULT_README else readme
     sweep = _sweep(load_plan(repo_path(plan)), arguments)
-    results_dir = results.resolve() / sweep.settings.slug
-    workdir = workdir.resolve() / sweep.settings.slug
+    results_dir = results.resolve() / sweep.settings.slug / sweep.job_name
+    workdir = workdir.resolve() / sweep.settings.slug / sweep.job_name
     runner = Study(sweep.plan, sweep.settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed,
                    predict=predict, run_timeout_s=run_timeout_s, cmd=cmd)
     to_run = sum(_will_run(sweep, runner, spec) for spec in sweep.specs)

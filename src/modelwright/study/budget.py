@@ -12,10 +12,10 @@ from modelwright.errors import one_line
 from modelwright.planner import cuda, memory
 from modelwright.planner.memory import with_values
 from modelwright.record import get_path
-from modelwright.techniques import precision
 from modelwright.study.plan import Entry, build_spec
 from modelwright.study.runner import Progress, Study, say
 from modelwright.study_rows import peak_mib
+from modelwright.techniques import precision
 
 #: How much larger than the confirmed batch the run that must exceed the budget is.
 OVER_FRACTION = 0.05

@@ -19,7 +19,7 @@ from modelwright.record import get_path, to_jsonable
 
 PLAN_KEYS = {"model", "warmup_steps", "measured_steps", "repeats", "val_batches", "budget", "runs",
              "description"}
-ENTRY_KEYS = {"name", "config", "overrides", "accelerators", "vary_batch", "description"}
+ENTRY_KEYS = {"name", "config", "overrides", "accelerators", "vary_batch", "description", "accumulate"}
 #: What ``accelerators`` may name: cpu-bf16 is a CPU with bf16 instructions (elsewhere bf16 autocast is
 #: emulated).
 DEVICE_KINDS = {"cpu", "cpu-bf16", "cuda"}
@@ -34,6 +34,7 @@ class Entry:
     overrides: dict[str, Any] = field(default_factory=dict)
     accelerators: list[str] | None = None
     vary_batch: bool = False
+    accumulate: int | None = None  # micro-batches per step, each the job's batch divided by it
 
 
 @dataclass
@@ -94,7 +95,9 @@ def _entry(item: Any, key: str, earlier: list[Entry]) -> Entry:
     require(isinstance(item, dict) and isinstance(item.get("name"), str), f"{key}: needs a 'name'")
     _known(item, ENTRY_KEYS, key)
     entry = Entry(item["name"], item.get("config"), item.get("overrides") or {}, item.get("accelerators"),
-                  bool(item.get("vary_batch")))
+                  bool(item.get("vary_batch")), item.get("accumulate"))
+    if entry.accumulate is not None:
+        count(entry.accumulate, f"{key}.accumulate", 2)
     plain = re.fullmatch(r"[A-Za-z0-9][\w.+-]*", entry.name) is not None
     require(plain, f"{key}.name: {entry.name!r} is not a plain name")
     require(entry.name not in {other.name for other in earlier}, f"{key}.name: {entry.name!r} appears twice")
@@ -232,6 +235,7 @@ class Settings:
     val_batches: int
     model: str | None
     overrides: dict[str, Any]
+    job: tuple[str, ...] = ()  # the training job's config files, before each run's own (study --config)
 
 
 @dataclass
@@ -248,6 +252,7 @@ class RunSpec:
     config_hash: str
     measured_steps: int
     extra: dict[str, Any] = field(default_factory=dict)
+    files: tuple[str, ...] = ()  # the config files of its command: the job's, then the entry's
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -304,7 +309,28 @@ def _first_overrides(entry: Entry, settings: Settings) -> dict[str, Any]:
     overrides = overrides | settings.overrides | entry.overrides
     if settings.accelerator != "auto":
         overrides["trainer.accelerator"] = settings.accelerator
+    if entry.accumulate:
+        overrides |= _accumulation(entry, settings, overrides)
     return overrides
+
+
+def _files(entry: Entry, settings: Settings) -> list[str]:
+    """The config files of ``entry``'s runs: the job's, then the entry's own."""
+    return [*settings.job, *([entry.config] if entry.config else [])]
+
+
+def _accumulation(entry: Entry, settings: Settings, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``accumulate: N``: N micro-batches per optimizer step, each the job's batch divided by N (the same
+    effective batch)."""
+    try:
+        job = resolve_config(_files(entry, settings), overrides)
+    except ConfigError as err:
+        raise ConfigError(f"runs.{entry.name}: {err}") from None
+    batch = get_path(job, "data.batch_size")
+    micro, left = divmod(batch, entry.accumulate) if isinstance(batch, int) else (0, 1)
+    require(micro > 0 and left == 0, f"runs.{entry.name}.accumulate: {entry.accumulate} does not divide the "
+            f"job's data.batch_size {batch!r}")
+    return {"trainer.accumulate_grad_batches": entry.accumulate, "data.batch_size": micro}
 
 
 def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, kind: str = "run",
@@ -321,7 +347,7 @@ def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, ki
         overrides.update({"data.batch_size": batch_size, "trainer.accumulate_grad_batches": 1})
         measured = 0
         val_batches = 0
-    files = [entry.config] if entry.config else []
+    files = _files(entry, settings)
     try:
         draft = resolve_config(files, overrides)
     except ConfigError as err:
@@ -333,13 +359,15 @@ def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, ki
     overrides.update(_window(total, accumulate, val_batches))
     needed = total * accumulate * _positive(get_path(draft, "data.batch_size")) * world_size(draft)
     train_size = get_path(draft, "data.train_size")
-    if not isinstance(train_size, int) or train_size < needed:
+    # A generated set grows to the window; an image folder is as it is.
+    sized = get_path(draft, "data.train_size", default=False) is not False
+    if sized and (not isinstance(train_size, int) or train_size < needed):
         overrides["data.train_size"] = needed
     resolved = resolve_config(files, overrides)
     resolved["trainer"]["callbacks"] = patch_callbacks(resolved["trainer"].get("callbacks"),
                                                        settings.warmup_steps)
     return RunSpec(entry.name, kind, index, repeat, entry.config, overrides, resolved,
-                   _config_hash(resolved, settings.slug), measured, dict(extra or {}))
+                   _config_hash(resolved, settings.slug), measured, dict(extra or {}), tuple(files))
 
 
 def build_epoch_spec(entry: Entry, index: int, settings: Settings) -> RunSpec:
@@ -352,7 +380,7 @@ def build_epoch_spec(entry: Entry, index: int, settings: Settings) -> RunSpec:
         "trainer.enable_checkpointing": False, "trainer.enable_progress_bar": False,
         "trainer.enable_model_summary": False,
     })
-    files = [entry.config] if entry.config else []
+    files = _files(entry, settings)
     try:
         resolved = resolve_config(files, overrides)
     except ConfigError as err:
@@ -360,15 +388,15 @@ def build_epoch_spec(entry: Entry, index: int, settings: Settings) -> RunSpec:
     resolved["trainer"]["callbacks"] = patch_callbacks(resolved["trainer"].get("callbacks"),
                                                        settings.warmup_steps, anatomy=False)
     return RunSpec(entry.name, "epoch", index, 0, entry.config, overrides, resolved,
-                   _config_hash(resolved, settings.slug), 0, {})
+                   _config_hash(resolved, settings.slug), 0, {}, tuple(files))
 
 
 def command(spec: RunSpec, run_dir: Path) -> list[str]:
     """The child's argument list (after the interpreter), with paths relative to the repository root."""
     where = rel(run_dir)
     args = ["main.py", "fit"]
-    if spec.config:
-        args += ["--config", spec.config]
+    for config_file in spec.files:
+        args += ["--config", config_file]
     args += ["--config", f"{where}/callbacks.yaml"]
     args += [f"--{key}={cli_value(value)}" for key, value in spec.overrides.items()]
     if isinstance(get_path(spec.resolved, "trainer.logger"), dict):

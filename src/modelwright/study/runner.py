@@ -13,14 +13,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import yaml
 from tqdm import tqdm
 
 from modelwright import REPO_ROOT, fmt, planner
 from modelwright.errors import ConfigError, one_line
-from modelwright.techniques import configured_section
 from modelwright.record import (
     append_record,
     build_record,
@@ -30,19 +29,18 @@ from modelwright.record import (
     read_records,
     to_jsonable,
     validate_record,
-    write_text_atomic,
 )
 from modelwright.study.plan import (
     Plan,
     RunSpec,
     Settings,
-    build_spec,
     command,
     effective_batch,
     patch_callbacks,
     rel,
     world_size,
 )
+from modelwright.techniques import configured_section
 
 GUARD = Path(__file__).with_name("_guard.py")
 #: Statuses that count as recorded for resume: an interrupted run is not a result, a failed one is
@@ -309,8 +307,10 @@ class Study:
         stamp = time.strftime("%Y%m%dT%H%M%SZ")
         run_id = f"{spec.name}-{spec.config_hash[:8]}-{spec.kind[0]}{spec.repeat}-{stamp}"
         # MODELWRIGHT_COMMAND: the command that reproduces the record is the study's, not the child's
+        # The run starts in the repository; a job's classes in the study's working folder stay importable.
+        importable = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
         env = dict(os.environ, MODELWRIGHT_RUN_ID=run_id, MODELWRIGHT_COMMAND=" ".join(self.cmd),
-                   PYTHONUNBUFFERED="1")
+                   PYTHONUNBUFFERED="1", PYTHONPATH=importable)
         child = run_child(args, run_dir / "output.log", env, self.run_timeout_s,
                           lambda seconds: progress.set_postfix_str(fmt.duration(seconds)))
         output = (run_dir / "output.log").read_text(encoding="utf-8", errors="replace")

@@ -13,6 +13,7 @@ import torch
 from modelwright.errors import ConfigError, require
 from modelwright.train._internals import SHARDED_METADATA_FILE, fit_progress, own_hyperparameters
 
+
 def _network(spec: Any) -> tuple[str, dict]:
     """A network's class path and init_args from a config's or a checkpoint's ``network``."""
     if not isinstance(spec, Mapping):

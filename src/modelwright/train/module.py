@@ -4,11 +4,12 @@ techniques, each one line of YAML under ``model:``; the network itself by class 
 
 import dataclasses
 import inspect
+import logging
 from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
-from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_only, rank_zero_warn
 from torch import nn
 from torch.nn import functional
 from torchmetrics.classification import MulticlassAccuracy
@@ -16,11 +17,14 @@ from torchmetrics.classification import MulticlassAccuracy
 from modelwright import techniques
 from modelwright.errors import require
 from modelwright.train._internals import given_hyperparameters, hyperparameters_given
-from modelwright.train.args import ModelArgs, from_hparams
+from modelwright.train.args import ModelArgs
 from modelwright.train.models import ResNet18
 from modelwright.train.optim import build_scheduler
 
 __all__ = ["ImageClassifier", "network_spec"]
+
+#: What applying a technique says (a new head, a dropped format): one line on rank 0, as the CLI's own lines.
+say = rank_zero_only(logging.getLogger("modelwright").warning)
 
 
 def network_spec(network: nn.Module) -> dict[str, Any]:
@@ -107,7 +111,7 @@ class ImageClassifier(LightningModule):
                 rank_zero_warn("model.channels_last: FSDP2 shards contiguous parameters only; this run uses "
                                "NCHW")
                 self.args.channels_last = False
-        self.prepared = techniques.prepare_network(self.net, self.args, shard=shard, say=rank_zero_warn)
+        self.prepared = techniques.prepare_network(self.net, self.args, shard=shard, say=say)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.args.channels_last and x.ndim == 4:

@@ -8,6 +8,7 @@ To run: ``planner.predict_peak(config)`` (the study predicts every run this way 
 
 import contextlib
 import copy
+import functools
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -149,7 +150,7 @@ class _Step:
                 with no_sync:
                     self.closure(micro, index, count)
                 continue
-            self._update(lambda: self.closure(micro, index, count), index, tracker)
+            self._update(functools.partial(self.closure, micro, index, count), index, tracker)
 
     def _update(self, closure: Callable[[], torch.Tensor], index: int, tracker: Any) -> None:
         def marked() -> torch.Tensor:  # on_before_optimizer_step: where the probe marks the update
