@@ -36,7 +36,7 @@ SLOW = {
     "test_scripts.py": ("test_check_imports_resolves_the_plans",),
     "test_reliability.py": ("test_ddp_rank_failure_ends_the_job", "test_sigkill_at_every_kill_point",
                             "test_a_second_sigterm_as_the_process_exits", "test_the_record_exists_while_the_run_runs"),
-    "test_accelerate_loop.py": ("test_two_cpu_processes_with_torchrun", "test_the_loop_imports_no_lightning"),
+    "test_accelerate_loop.py": ("test_two_cpu_processes_with_torchrun", "test_the_loop_trains_without_lightnings_trainer"),
     "test_bad_inputs.py": ("test_a_refused_run_prints_none_of_lightnings_startup_lines",),
     "test_runtime.py": ("test_retain_reuses_freed_memory",),
     "test_cuda_memory.py": ("test_the_committed_h200_predictions_are_reproduced",),

@@ -3,7 +3,8 @@ stem, 1000 classes), to examples/finetune/resnet18-torchvision.pt.
 
 With no network here its weights are torchvision's initialisation, not ImageNet's: the example measures
 memory and time, which do not depend on the values. A real fine-tune points ``model.init_weights`` at a file
-of its own, e.g. ``torch.save(torchvision.models.resnet18(weights="IMAGENET1K_V1").state_dict(), "resnet18.pt")``.
+of its own, e.g. one saved by ``torch.save(resnet18(weights="IMAGENET1K_V1").state_dict(), "resnet18.pt")``
+(``torchvision.models.resnet18``).
 
 To run: ``uv run python examples/finetune/make_weights.py``.
 """
