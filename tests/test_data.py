@@ -76,3 +76,26 @@ def test_cifar10_trains_through_the_cli_on_the_files(tmp_path, monkeypatch):
 def test_cifar10_missing_files_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="data.data_dir"):
         ImageDataModule(dataset="cifar10", data_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_image_transforms_stay_out_of_the_memory_trackers_module_hooks(tmp_path, train):
+    """The next batch loads inside the tracked step (num_workers 0): torchvision's transforms are modules, and
+    MemTracker's global hooks refused the second call of one ("multiple iterative calls")."""
+    from PIL import Image
+
+    from modelwright.train.args import ImageFolderArgs
+    from modelwright.train.datasets import folder_transforms
+
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            (tmp_path / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(tmp_path / split / name / "0.png")
+    transform = folder_transforms(ImageFolderArgs(root=str(tmp_path), image_size=8), train=train)
+    seen = []
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: seen.append(module))
+    try:
+        out = transform(Image.new("RGB", (12, 12)))
+    finally:
+        handle.remove()
+    assert out.shape == (3, 8, 8) and seen == []

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 from torch.nn import functional
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
@@ -63,12 +64,26 @@ def image_datasets(args: DataArgs, download: bool = False) -> tuple[Dataset, Dat
     augment = []
     if args.augment:
         augment = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
-    train = CIFAR10(args.data_dir, train=True, transform=transforms.Compose(augment + normalize),
+    train = CIFAR10(args.data_dir, train=True, transform=UnhookedTransforms(augment + normalize),
                     download=download)
-    val = CIFAR10(args.data_dir, train=False, transform=transforms.Compose(normalize), download=download)
+    val = CIFAR10(args.data_dir, train=False, transform=UnhookedTransforms(normalize), download=download)
     train_subset = Subset(train, range(min(args.train_size, len(train))))
     val_subset = Subset(val, range(min(args.val_size, len(val))))
     return train_subset, val_subset
+
+
+class UnhookedTransforms:
+    """torchvision's transforms in order, each called by its ``forward`` where it is an ``nn.Module``
+    (RandomCrop, Normalize, ...): the global module hooks of PyTorch's memory tracker would otherwise see the
+    next batch's transforms, loaded inside the tracked step, as modules of the network called twice."""
+
+    def __init__(self, steps: list[Any]) -> None:
+        self.steps = steps
+
+    def __call__(self, image: Any) -> Any:
+        for step in self.steps:
+            image = step.forward(image) if isinstance(step, nn.Module) else step(image)
+        return image
 
 
 #: ImageNet's channel statistics (torchvision's pretrained weights expect them); a grey image's: 0.5.
@@ -98,7 +113,7 @@ def folder_transforms(args: ImageFolderArgs, train: bool) -> Any:
         padding = max(1, args.image_size // 8)
         steps += [transforms.RandomCrop(args.image_size, padding=padding), transforms.RandomHorizontalFlip()]
     steps += [transforms.ToTensor(), transforms.Normalize(mean, std)]
-    return transforms.Compose(steps)
+    return UnhookedTransforms(steps)
 
 
 def image_folder_datasets(args: ImageFolderArgs) -> tuple[Dataset, Dataset]:
