@@ -650,3 +650,22 @@ def test_an_epoch_counts_as_whole_only_with_every_step_it_expected():
         assert (probe.last_epoch is not None) is whole, expected
         if whole:
             assert probe.last_epoch.steps == 3 and probe.last_epoch.seconds > 0
+
+
+def test_flops_leave_out_the_gradients_of_weights_frozen_after_the_copy_was_made():
+    """The probe copies the network to the meta device before the techniques apply; a frozen backbone ran at
+    "110% MFU" because its weight gradients were still counted."""
+    from modelwright.measure.flops import meta_copy, training_flops
+    from modelwright.measure.probe import _mirror_trainable
+    from modelwright.techniques import freeze
+    from modelwright.train.models import SmallCNN
+
+    live = SmallCNN()
+    copied = meta_copy(live)
+    example = torch.zeros(4, 3, 32, 32)
+    full = training_flops(copied, example)
+    freeze(live, ["stages"])
+    _mirror_trainable(live, copied)
+    frozen = training_flops(copied, example)
+    assert frozen < full
+    assert [p.requires_grad for p in copied.parameters()] == [p.requires_grad for p in live.parameters()]

@@ -82,6 +82,14 @@ def _identity(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
+def _mirror_trainable(live: nn.Module, copy: nn.Module) -> None:
+    """The copy's parameters trainable where the live network's are: freezing, applied after the copy was
+    made, removes the frozen weights' gradient FLOPs from the count."""
+    trainable = {name: param.requires_grad for name, param in live.named_parameters()}
+    for name, param in copy.named_parameters():
+        param.requires_grad_(trainable.get(name, param.requires_grad))
+
+
 class StepProbe:
     """Measures the optimizer steps of one training run (module docstring: how a loop calls it).
 
@@ -309,6 +317,8 @@ class StepProbe:
             return
         self.micro_batch_size = len(example)
         network = self._meta_network if self._meta_network is not None else self.modules[0]
+        if network is self._meta_network:
+            _mirror_trainable(self.modules[0], network)
         try:
             self.flops_per_micro_batch = training_flops(network, example)
         except Exception as err:

@@ -12,7 +12,7 @@ from modelwright import REPO_ROOT, repo_path
 from modelwright.errors import require
 from modelwright.fmt import table
 from modelwright.record import write_text_atomic
-from modelwright.report import tables
+from modelwright.report import predictions, tables
 from modelwright.report.plots import PLOTS, plot_all
 from modelwright.report.readme import ResultsFolder, update
 from modelwright.study_rows import Row
@@ -28,6 +28,10 @@ NOTES = ("Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyT
          "baseline. An artifact in the anatomy: activations still held after the step.")
 
 
+PREDICTION_NOTE = ("Each run's peak, by category, was predicted and written to predictions.jsonl before the run "
+                   "started, by rehearsing its step at two small micro-batches (modelwright.measure.rehearsal).")
+
+
 def render_table_md(folder: ResultsFolder) -> str:
     parts = [f"# Efficiency study: {folder.slug}", folder.header(), "## Memory and speed",
              tables.main_table(folder.rows, folder.marks), NOTES, *tables.price_notes(folder.rows),
@@ -38,6 +42,9 @@ def render_table_md(folder: ResultsFolder) -> str:
     if folder.budget:
         budget_gib = folder.budget[0].budget_mib / 1024
         parts += [f"## Largest batch under {budget_gib:g} GiB", tables.budget_table(folder.budget)]
+    predicted = predictions.prediction_table([folder])
+    if predicted:
+        parts += ["## Predicted before each run", PREDICTION_NOTE, predicted]
     failed = [[row.name, row.status, row.error or ""] for row in folder.rows if not row.ok]
     if failed:
         parts += ["## Runs that did not finish", table(["run", "status", "error"], failed, "lll")]

@@ -285,6 +285,14 @@ JOB_PLAN = Path("configs/study/plan_job.yaml")
 DEFAULT_README = Path("README.md")
 
 
+def _for_the_job(job: list[Path], plan: Path, readme: Path | None) -> tuple[Path, Path | None]:
+    """A user's job is studied by :data:`JOB_PLAN` unless a plan is named, and leaves the README alone unless
+    one is named."""
+    if not job:
+        return plan, readme
+    return (JOB_PLAN if plan == DEFAULT_PLAN else plan), (None if readme == DEFAULT_README else readme)
+
+
 def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
           plan: Path = DEFAULT_PLAN, only: list[str] | None = None,
           model: str | None = None, accelerator: str = "auto", warmup_steps: NonNegativeInt | None = None,
@@ -331,9 +339,7 @@ def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
     cmd = _command(arguments)
     started = time.perf_counter()
     arguments["slug"] = slug or hardware_slug(accelerator)
-    if job:
-        plan = JOB_PLAN if plan == DEFAULT_PLAN else plan
-        readme = None if readme == DEFAULT_README else readme
+    plan, readme = _for_the_job(job, plan, readme)
     sweep = _sweep(load_plan(repo_path(plan)), arguments)
     results_dir = results.resolve() / sweep.settings.slug / sweep.job_name
     workdir = workdir.resolve() / sweep.settings.slug / sweep.job_name
