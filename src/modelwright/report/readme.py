@@ -8,6 +8,7 @@ named by the last ``<!-- figures: SLUG -->`` line above it (``<!-- v SLUG:run.fi
 """
 
 import contextlib
+import json
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -168,6 +169,14 @@ def inline_figures(row: Row, folder: ResultsFolder) -> dict[str, str]:
             "epoch_cost": usd(cost.per_epoch) if cost and cost.per_epoch is not None else DASH, **flops}
 
 
+def _is_job(folder: Path) -> bool:
+    """Whether ``folder`` holds the study of a user's job (its study.json names the job's files)."""
+    summary = folder / "study.json"
+    if not summary.is_file():
+        return False
+    return bool(json.loads(summary.read_text(encoding="utf-8")).get("job"))
+
+
 class Sections:
     """Renders each known section for a document in ``doc_dir`` from the studies under ``results``."""
 
@@ -215,7 +224,9 @@ class Sections:
         return tables.technique_summary(folder.rows, folder.budget)
 
     def predictions(self) -> str:
-        return predictions.prediction_table(self.studies) or "No run of a study was predicted yet."
+        """The project's own studies' predictions; a user's job (``study --config``) has them in its table.md."""
+        own = [folder for folder in self.studies if not _is_job(folder.folder)]
+        return predictions.prediction_table(own) or "No run of a study was predicted yet."
 
     def value(self, slug: str, run: str, field: str) -> str:
         """One figure (a key of :func:`inline_figures`) of run ``run`` in ``results/<slug>/``; a dash without
