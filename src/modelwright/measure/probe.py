@@ -85,9 +85,14 @@ def _identity(value: torch.Tensor) -> torch.Tensor:
 def _mirror_trainable(live: nn.Module, copy: nn.Module) -> None:
     """The copy's parameters trainable where the live network's are: freezing, applied after the copy was
     made, removes the frozen weights' gradient FLOPs from the count."""
-    trainable = {name: param.requires_grad for name, param in live.named_parameters()}
-    for name, param in copy.named_parameters():
-        param.requires_grad_(trainable.get(name, param.requires_grad))
+    copied = dict(copy.named_parameters())
+    for name, param in live.named_parameters():  # the live module may hold the network (``net.conv1.weight``)
+        parts = name.split(".")
+        for start in range(len(parts)):
+            twin = copied.get(".".join(parts[start:]))
+            if twin is not None:
+                twin.requires_grad_(param.requires_grad)
+                break
 
 
 class StepProbe:
