@@ -28,6 +28,20 @@ MIB = 2**20
 CATEGORIES = tuple(category for category in ANATOMY_CATEGORIES if category != "inputs")
 
 
+def _bytes_by_category(snapshots: dict, device: torch.device) -> dict[str, int]:
+    """MemTracker's current bytes on ``device`` (keyed as the tracker keys it: cuda:0 for cuda), by category."""
+    snapshot = snapshots.get(device)
+    if snapshot is None:
+        snapshot = next((values for key, values in snapshots.items()
+                         if torch.device(key).type == device.type), {})
+    counted = dict.fromkeys(CATEGORIES, 0)
+    for reftype, size in snapshot.items():
+        category = TRACKER_TO_CATEGORY.get(type_name(reftype))
+        if category in counted:
+            counted[category] += int(size)
+    return counted
+
+
 def _timeline_tracker() -> type:
     """MemTracker (the project's, :func:`~modelwright.measure.memtracker.tracker_class`) that keeps the bytes
     of each category after every operation."""
@@ -61,16 +75,7 @@ def _timeline_tracker() -> type:
                 entry[3] = winfo.mem_consumed
 
         def _counted(self) -> dict[str, int]:
-            snapshot = self._curr_mem_snap.get(self.device)
-            if snapshot is None:  # the device as the tracker keys it (cuda:0 for cuda)
-                snapshot = next((values for device, values in self._curr_mem_snap.items()
-                                 if torch.device(device).type == self.device.type), {})
-            counted = dict.fromkeys(CATEGORIES, 0)
-            for reftype, size in snapshot.items():
-                category = TRACKER_TO_CATEGORY.get(type_name(reftype))
-                if category in counted:
-                    counted[category] += int(size)
-            return counted
+            return _bytes_by_category(self._curr_mem_snap, self.device)
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
             out = super().__torch_dispatch__(func, types, args, kwargs)

@@ -350,14 +350,23 @@ def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
     if dry_run:
         _say_dry_run(sweep.specs, runner, workdir)
         return 0
+    if not _run_locked(sweep, runner, to_run, results_dir, cmd, started):
+        return 130
+    return _report_and_status(runner, results_dir, readme if report else False, allow_mixed)
+
+
+def _run_locked(sweep: _Sweep, runner: Study, to_run: int, results_dir: Path, cmd: list[str],
+                started: float) -> bool:
+    """The runs, under the results folder's lock, then study.json; False if interrupted (what was recorded
+    is kept)."""
     try:
         with _sigterm_as_interrupt(), study_lock(results_dir):
             _run(sweep, runner, to_run)
             _write_summary(sweep, runner, results_dir, cmd, time.perf_counter() - started)
     except KeyboardInterrupt:
         say("interrupted: the runs recorded so far are kept; the same command resumes")
-        return 130
-    return _report_and_status(runner, results_dir, readme if report else False, allow_mixed)
+        return False
+    return True
 
 
 def _report_and_status(runner: Study, results_dir: Path, readme: Path | None | bool,
