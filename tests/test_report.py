@@ -308,3 +308,26 @@ def test_a_category_is_within_only_inside_its_tolerance_on_either_side():
     assert CategoryError("gradients", 1.0, 2.9).within and not CategoryError("gradients", 0.5, 2.9).within
     errors = [CategoryError("activations", 100, 100), CategoryError("temporaries", 6.0, 39.0)]
     assert worst(errors).category == "temporaries" and verdict_text(errors) == "misses: temporaries"
+
+
+def test_a_section_is_not_rewritten_from_a_less_complete_study(tmp_path, capsys):
+    """Before: a study of two runs replaced a README's eleven-row table with a two-row one, and its figures of
+    the other runs with dashes."""
+    write(tmp_path / "full" / "cpu-x", small_study())
+    doc = tmp_path / "README.md"
+    doc.write_text("<!-- figures: cpu-x -->\n<!-- techniques:cpu-x:start -->\n<!-- techniques:cpu-x:end -->\n"
+                   "fused took <!-- v fused.time --><!-- /v -->, amp <!-- v amp.time --><!-- /v -->.\n",
+                   encoding="utf-8")
+    readme.update([doc], tmp_path / "full")
+    full = doc.read_text()
+    assert "| fused |" in full and "fused took <!-- v fused.time -->1.02×" in full
+    write(tmp_path / "scratch" / "cpu-x", small_study()[:3] + small_study()[5:7])  # baseline and amp
+    readme.update([doc], tmp_path / "scratch")
+    assert doc.read_text() == full, "the two-run study left every section of the eleven-run one"
+    err = capsys.readouterr().err
+    assert "README.md: techniques:cpu-x kept: the new text lacks fused, checkpointing-block" in err
+    assert "v:cpu-x:fused:time kept" in err
+    emptied = full.replace(full[full.index("| run"):full.index("<!-- techniques:cpu-x:end")], "")
+    doc.write_text(emptied, encoding="utf-8")  # a section emptied by hand is filled from any study
+    readme.update([doc], tmp_path / "scratch")
+    assert "| amp |" in doc.read_text() and "| fused |" not in doc.read_text()

@@ -621,3 +621,30 @@ def test_a_users_job_whose_batch_accumulation_cannot_divide_is_refused_naming_th
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "runs.accumulate.accumulate: 4 does not divide the job's data.batch_size 30" in line
     assert not (tmp_path / "results").exists() and not (tmp_path / "work").exists()
+
+
+def _report_readme(tmp_path: Path, monkeypatch, *extra: str) -> Path | None:
+    """The README a study of the tiny plan hands to the report (its runs left out: only the choice is
+    checked), with the project's root at ``tmp_path``."""
+    import modelwright.study as study_module
+
+    _write(tmp_path / "plan.yaml", TINY_PLAN)
+    _write(tmp_path / "README.md", "<!-- results:start -->\n<!-- results:end -->\n")
+    monkeypatch.setattr(study_module, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(study_module, "_run_locked", lambda *args: True)
+    handed = []
+    monkeypatch.setattr(study_module, "generate", lambda folder, readme, allow_mixed: handed.append(readme) or [])
+    without_readme = _args(tmp_path)[:-2]
+    assert cli.main([*without_readme, *extra]) == 0
+    (readme,) = handed
+    return readme
+
+
+def test_a_scratch_study_leaves_the_readme_alone_unless_asked(tmp_path, monkeypatch):
+    """Before: a study into a scratch results folder rewrote the project's README from its one or two rows."""
+    assert _report_readme(tmp_path, monkeypatch, "--results", str(tmp_path / "scratch")) is None
+    asked = _report_readme(tmp_path, monkeypatch, "--results", str(tmp_path / "scratch"), "--readme",
+                           str(tmp_path / "README.md"))
+    assert asked == tmp_path / "README.md"
+    own = _report_readme(tmp_path, monkeypatch, "--results", str(tmp_path / "results"))
+    assert own == tmp_path / "README.md", "the project's own results folder fills the project's README"

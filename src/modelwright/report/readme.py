@@ -11,6 +11,8 @@ import contextlib
 import json
 import os
 import re
+import sys
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -37,7 +39,7 @@ def write_sections(path: Path, render: Callable[[str], str | None]) -> bool:
     def fill(match: re.Match) -> str:
         name, old_body = match.group(1), match.group(2)
         body = render(name)
-        if body is None:
+        if body is None or _less_complete(path, name, old_body, body):
             return match.group(0)
         body = f"\n{body.strip()}\n" if old_body.startswith("\n") else body.strip()
         return f"<!-- {name}:start -->{body}<!-- {name}:end -->"
@@ -46,6 +48,20 @@ def write_sections(path: Path, render: Callable[[str], str | None]) -> bool:
     if new != text:
         write_text_atomic(path, new)
     return new != text
+
+
+def _less_complete(path: Path, name: str, old: str, new: str) -> bool:
+    """Whether ``new`` lacks table rows that ``old`` has (by first cell, as often): a section is not rewritten
+    from a study with fewer runs than the one it shows (a scratch study of two runs), and says so. A section
+    emptied by hand takes any."""
+    def first_cells(text: str) -> Counter:
+        return Counter(re.findall(r"^\| ([^|\n]+?) \|", text, re.M))
+
+    missing = list(first_cells(old) - first_cells(new))
+    if missing:
+        print(f"{path.name}: {name} kept: the new text lacks {', '.join(missing)} (empty the section to fill "
+              "it from this study)", file=sys.stderr)
+    return bool(missing)
 
 
 def figure_markers(text: str, path: Path) -> Iterator[tuple[re.Match, str]]:
@@ -71,7 +87,11 @@ def fill_figures(text: str, path: Path, render: Callable[[str], str | None]) -> 
     position = 0
     for match, full_name in figure_markers(text, path):
         value = render(full_name)
-        body = match.group("old") if value is None else value
+        old = match.group("old")
+        kept = value is None or (value == DASH and old not in (DASH, "", "?"))
+        if value is not None and kept:
+            print(f"{path.name}: {full_name} kept: this study has no such figure", file=sys.stderr)
+        body = old if kept else value
         parts.append(text[position:match.start()])
         parts.append(f"<!-- v {match.group('name')} -->{body}<!-- /v -->")
         position = match.end()

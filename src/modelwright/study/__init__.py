@@ -282,15 +282,24 @@ def _command(arguments: dict[str, Any]) -> list[str]:
 DEFAULT_PLAN = Path("configs/study/plan_default.yaml")
 #: The plan of a user's job (``study --config my_job.yaml``): its baseline, each technique alone, combined.
 JOB_PLAN = Path("configs/study/plan_job.yaml")
-DEFAULT_README = Path("README.md")
 
 
-def _for_the_job(job: list[Path], plan: Path, readme: Path | None) -> tuple[Path, Path | None]:
-    """A user's job is studied by :data:`JOB_PLAN` unless a plan is named, and leaves the README alone unless
-    one is named."""
-    if not job:
-        return plan, readme
-    return (JOB_PLAN if plan == DEFAULT_PLAN else plan), (None if readme == DEFAULT_README else readme)
+def _for_the_job(job: list[Path], plan: Path) -> Path:
+    """A user's job is studied by :data:`JOB_PLAN` unless a plan is named."""
+    if job and plan == DEFAULT_PLAN:
+        return JOB_PLAN
+    return plan
+
+
+def _readme(readme: Path | None, job: list[Path], results: Path) -> Path | None:
+    """The README the report fills: the one named, else the project's own where the study writes into the
+    project's own results folder (not a user's job, not a scratch folder, whose few rows would replace it)."""
+    if readme is not None:
+        return readme
+    own_results = results.resolve() == (REPO_ROOT / "results").resolve()
+    if own_results and not job:
+        return REPO_ROOT / "README.md"
+    return None
 
 
 def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
@@ -300,7 +309,7 @@ def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
           val_batches: NonNegativeInt | None = None, overrides: dict[str, Any] | None = None,
           budget_gib: PositiveFloat | None = None, budget: bool = True, results: Path = Path("results"),
           slug: str | None = None, workdir: Path = Path("lightning_logs/study"),
-          readme: Path | None = DEFAULT_README, report: bool = True, allow_mixed: bool = False,
+          readme: Path | None = None, report: bool = True, allow_mixed: bool = False,
           rerun: bool = False, retry_failed: bool = False, run_timeout_s: PositiveFloat | None = None,
           predict: bool = True, epochs: bool = True, dry_run: bool = False) -> int:
     """Run a plan of experiment configs, each in a fresh process, then write the table, plots and README
@@ -325,7 +334,8 @@ def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
         results: results root; the outputs go to <results>/<hardware slug>/.
         slug: hardware slug (default: from the device).
         workdir: run folders (logs, output.log, record.json).
-        readme: README whose results section is regenerated; null leaves it alone.
+        readme: README whose sections are regenerated (default: README.md for a study into the project's
+            own results/ folder; none for a user's job or another results folder).
         report: write the table, plots and README section after the runs.
         allow_mixed: let the report table records of different commits or definitions, marked.
         rerun: run again even what is recorded.
@@ -339,7 +349,8 @@ def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
     cmd = _command(arguments)
     started = time.perf_counter()
     arguments["slug"] = slug or hardware_slug(accelerator)
-    plan, readme = _for_the_job(job, plan, readme)
+    plan = _for_the_job(job, plan)
+    readme = _readme(readme, job, results)
     sweep = _sweep(load_plan(repo_path(plan)), arguments)
     results_dir = results.resolve() / sweep.settings.slug / sweep.job_name
     workdir = workdir.resolve() / sweep.settings.slug / sweep.job_name
