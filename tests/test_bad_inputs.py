@@ -44,8 +44,17 @@ FIT = {
     "unknown model": (["--model.model_name", "resnet"], "model.model_name"),
     "unknown precision": (["--trainer.precision", "17-mixed"], "trainer.precision"),
     "unknown malloc mode": (["--cpu_malloc", "fast"], "cpu_malloc"),
-    "generic optimizer flag": (["--optimizer", "Adam"], "optimizer"),
+    "generic optimizer flag": (["--optimizer", "Adam"], "--model.lr"),
+    "generic optimizer's argument": (["--optimizer.lr", "0.1"], "optimizer.lr: not used here; the learning rate "
+                                     "is --model.lr"),
+    "generic schedule's argument": (["--lr_scheduler.T_max", "4"], "lr_scheduler.T_max: not used here"),
     "negative lr": (["--model.lr", "-0.1"], "model.lr"),
+    "infinite lr": (["--model.lr", "1e999"], "model.lr: must be a finite number, got inf"),
+    "infinite noise": (["--data.noise", "1e999"], "data.noise: must be a finite number, got inf"),
+    "infinite clip": (["--trainer.gradient_clip_val", "1e999"], "trainer.gradient_clip_val: must be a finite"),
+    "NaN in a file": (["--config", "{tmp}/nan.yaml"], "model.weight_decay: must be a finite number, got nan"),
+    "infinity in a callback": (["--config", "{tmp}/inf_callback.yaml"],
+                               "trainer.callbacks[0].init_args.min_interval_s: must be a finite number"),
     "granularity the model lacks": (["--model.network", "SmallViT", "--model.gradient_checkpointing", "stage"],
                                     "model.gradient_checkpointing"),
     "zero validation size": (["--data.val_size", "0"], "data.val_size"),
@@ -82,6 +91,9 @@ FIT = {
         "data.train_size"),
     # folders and files the run reads or writes
     "log folder under a file": (["--trainer.logger.init_args.save_dir", "{tmp}/a-file/logs"], "save_dir"),
+    # the folder's parent passes the access check, but no folder can be made there
+    "log folder name too long": (["--trainer.logger.init_args.save_dir", "{tmp}/" + "x" * 300 + "/logs"],
+                                 "trainer.logger.init_args.save_dir: cannot create"),
     "no CIFAR-10 files": (["--data.dataset", "cifar10", "--data.data_dir", "{tmp}/folder"], "data.data_dir"),
     "corrupt CIFAR-10 batch": (["--data.dataset", "cifar10", "--data.data_dir", "{tmp}/cifar"],
                                "data_batch_3"),
@@ -95,6 +107,11 @@ FIT = {
     "plain state_dict": (["--ckpt_path", "{tmp}/state_dict.ckpt"], "state_dict.ckpt"),
     "checkpoint of another architecture": (["--ckpt_path", "{tmp}/resnet18.ckpt"], "resnet18"),
 }
+if os.geteuid() == 0 and Path("/proc/self").is_dir():  # root passes the access check of /proc, then mkdir fails
+    FIT["log folder under /proc"] = (["--trainer.logger.init_args.save_dir", "/proc/modelwright-logs"],
+                                     "trainer.logger.init_args.save_dir: cannot create /proc/modelwright-logs")
+if not torch.cuda.is_available():
+    FIT["gpu on a machine without one"] = (["--trainer.accelerator", "gpu"], "trainer.accelerator: ")
 
 #: name → (tool arguments, what the one line must name). The study gets results and work folders of the
 #: test's (``STUDY``), the Accelerate loop an ``--out`` folder.
@@ -163,7 +180,9 @@ def inputs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("inputs")
     texts = {"broken.yaml": "model: [unclosed\n", "duplicated.yaml": "model:\n  lr: 0.1\n  lr: 0.2\n",
              "empty.yaml": "", "null_trainer.yaml": "trainer: null\n", "list.yaml": "- model\n",
-             "typo.yaml": "model:\n  model_nam: smallcnn\n", "a-file": "a file where a folder should be\n",
+             "typo.yaml": "model:\n  model_nam: smallcnn\n", "nan.yaml": "model:\n  weight_decay: .nan\n",
+             "inf_callback.yaml": "trainer:\n  callbacks:\n    - class_path: callbacks.progress_bar.ThrottledProgressBar"
+                                  "\n      init_args: {min_interval_s: .inf}\n", "a-file": "a file where a folder should be\n",
              "plan.yaml": "model: smallcnn\nruns:\n  - {name: baseline, config: configs/baseline.yaml}\n",
              "twice.yaml": "runs:\n  - {name: a}\nruns:\n  - {name: b}\n"}
     for name, text in texts.items():

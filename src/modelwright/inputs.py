@@ -2,6 +2,7 @@
 strictly (a duplicated key, an empty file, a section left ``null``): each problem one :class:`ConfigError`
 naming the key and the path. No torch here."""
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -37,15 +38,37 @@ def require_folder(key: str, path: str | os.PathLike) -> Path:
 
 def require_creatable_folder(key: str, path: str | os.PathLike) -> Path:
     """``path``, a folder that exists or can be made, and written in: the nearest existing part of it is a
-    folder this process can write in."""
+    folder this process can write in, and the missing parts are made (then removed: a refused run leaves
+    nothing): an access check passes where no folder can be made (root's ``/proc/x``, a name too long)."""
     path = Path(path)
-    existing = next(part for part in (path, *path.parents) if part.exists())  # "." or "/" at the latest
-    if existing == path:
-        require(path.is_dir(), f"{key}: {path} is a file, not a folder")
-    else:
-        require(existing.is_dir(), f"{key}: cannot create {path}: {existing} is not a folder")
-    require(os.access(existing, os.W_OK | os.X_OK), f"{key}: cannot write in {existing}")
+    try:
+        existing = next(part for part in (path, *path.parents) if part.exists())  # "." or "/" at the latest
+        if existing == path:
+            require(path.is_dir(), f"{key}: {path} is a file, not a folder")
+        else:
+            require(existing.is_dir(), f"{key}: cannot create {path}: {existing} is not a folder")
+        require(os.access(existing, os.W_OK | os.X_OK), f"{key}: cannot write in {existing}")
+        _make_and_remove(path, existing)
+    except OSError as err:
+        raise ConfigError(f"{key}: cannot create {path}: {err.strerror or err}") from None
     return path
+
+
+def _make_and_remove(path: Path, existing: Path) -> None:
+    """Make the folders from ``existing`` down to ``path``, then remove those this call made."""
+    missing = [part for part in (path, *path.parents) if part != existing and existing in part.parents]
+    made = []
+    try:
+        for part in reversed(missing):
+            try:
+                part.mkdir()
+            except FileExistsError:  # another process (a DDP rank) made it meanwhile: not ours to remove
+                continue
+            made.append(part)
+    finally:
+        for part in reversed(made):
+            with contextlib.suppress(OSError):  # written in meanwhile by another process: it stays
+                part.rmdir()
 
 
 class _DuplicateKey(yaml.YAMLError):

@@ -89,6 +89,22 @@ def _check_devices(devices: Any) -> None:
     require(named, f"trainer.devices: {devices!r} names no device; {valid}")
 
 
+def check_finite(key: str, values: Any) -> None:
+    """Every float under ``values`` (a config's section as plain mappings and lists) is a number: YAML's
+    ``.inf`` and ``.nan``, or ``1e999`` on the command line, pass every comparison a bound makes (inf > 0) or
+    none (nan), and a run would train on them. A section's own ``init_args`` are named as their keys
+    (``model.lr``), a class's nested in it in full (``model.network.init_args.width``)."""
+    if isinstance(values, float):
+        require(math.isfinite(values), f"{key}: must be a finite number, got {values}")
+    elif isinstance(values, Mapping):
+        nested = values.get("init_args") if "." not in key and "class_path" in values else None
+        for name, value in (nested or values).items():
+            check_finite(f"{key}.{name}", value)
+    elif isinstance(values, list):
+        for index, value in enumerate(values):
+            check_finite(f"{key}[{index}]", value)
+
+
 def check_trainer(trainer: Mapping) -> None:
     """The ``trainer:`` values of either loop that break training or train nothing, before any work."""
     _check_lowest(trainer)

@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from typing import Any, Literal
 import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
+from lightning.pytorch import cli as lightning_cli
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_only
 from torch.distributed import DistStoreError
@@ -30,17 +32,20 @@ from modelwright import CONFIGS_DIR, importable_working_folder, resolve_config_a
 from modelwright.errors import ConfigError, one_line, require
 from modelwright.inputs import require_creatable_folder
 from modelwright.record import os_error, to_jsonable
+from modelwright.techniques import OPTIMIZERS
 from modelwright.train._internals import HeldLogs
 from modelwright.train.args import DataArgs, ImageFolderArgs, ModelArgs, from_hparams
 from modelwright.train.checkpoints import (
+    CONFIG_KEY,
     RunComplete,
     check_architecture,
     completed,
     find_last_checkpoint,
     read_checkpoint,
     resume_differences,
+    run_of,
 )
-from modelwright.train.checks import check_launch, check_run, check_trainer
+from modelwright.train.checks import check_finite, check_launch, check_run, check_trainer
 from modelwright.train.data import ImageDataModule, ImageFolderDataModule
 from modelwright.train.module import ImageClassifier
 from modelwright.train.runtime import set_cpu_malloc
@@ -103,6 +108,9 @@ def _check_sections(config) -> None:
 def _check_config(config) -> None:
     """The parsed config, before anything is built: the trainer's values, the model's and data's, a
     multi-node launch, the log folder."""
+    for section in ("trainer", "model", "data"):
+        values = config[section].as_dict() if hasattr(config[section], "as_dict") else config[section]
+        check_finite(section, values)
     trainer = config["trainer"]
     check_trainer(trainer)
     check_launch(trainer.get("num_nodes"))
@@ -112,63 +120,120 @@ def _check_config(config) -> None:
         require_creatable_folder("trainer.logger.init_args.save_dir", logger_args["save_dir"])
 
 
-def _resolve_last(config) -> str | None:
-    """``ckpt_path: last`` becomes the newest checkpoint of the latest run that wrote one, or None (a fresh
-    start) if no run has one; returns how the checkpoint was found, for the lines about it."""
+def _log_root(config) -> Path | None:
+    """The logger's folder of runs, ``<save_dir>/<name>``; None without a logger that has one."""
     logger_args = _logger_args(config["trainer"])
-    if logger_args is None:
+    if logger_args is None or not logger_args.get("save_dir"):
         return None
-    root = Path(logger_args["save_dir"]) / (logger_args.get("name") or "")
-    last = find_last_checkpoint(root)
+    return Path(logger_args["save_dir"]) / (logger_args.get("name") or "")
+
+
+def _resolve_last(config, resolved: dict) -> tuple[str | None, Path | None]:
+    """``ckpt_path: last`` becomes the newest checkpoint of the latest run of this job (``resolved``) that
+    wrote one, or None (a fresh start): in the folder of the job's run that wrote none, if that is the latest.
+    Returns how the checkpoint was found, for the lines about it, and a run folder to start afresh in."""
+    root = _log_root(config)
+    require(root is not None, "ckpt_path: 'last' is the newest checkpoint of the logger's runs "
+            "(<save_dir>/<name>/version_N); with trainer.logger false there are none: name a checkpoint file")
+    last = find_last_checkpoint(root, resolved)
     config["ckpt_path"] = None if last.path is None else str(last.path)
-    if last.path is None:
-        say(f"ckpt_path: 'last', but no run under {root} has a checkpoint; starting from the beginning")
-        return None
-    found = f"'last' is {last.path}"
+    passed_over = ""
     if last.skipped:
-        passed_over = ", ".join(run.name for run in last.skipped)
-        found += f" ({passed_over} of {root} wrote no checkpoint)"
+        passed_over = f" ({', '.join(run.name for run in last.skipped)} of {root} wrote no checkpoint)"
+    if last.run is None:
+        say(f"ckpt_path: 'last', but no run under {root} has a checkpoint; starting from the beginning")
+        return None, None
+    if last.path is None:
+        say(f"ckpt_path: 'last' is {last.run}, a run of this job that wrote no checkpoint; starting it afresh "
+            f"there{passed_over}")
+        return None, last.run
+    found = f"'last' is {last.path}{passed_over}"
+    if last.skipped:
         say(f"ckpt_path: {found}; resuming it")
-    return found
+    return found, None
 
 
-def _check_resume(parser, cli_config, config, found: str | None) -> None:
+def _continue_in(config, run: Path, purge_step: int) -> None:
+    """The fit goes on in its run's own folder (one run in TensorBoard, the same checkpoint folder): the
+    logger's version set to it, unless the config sets one, and the events the run logged from
+    ``purge_step`` on hidden (this fit logs them again)."""
+    logger_args = _logger_args(config["trainer"])
+    if "version" not in logger_args or logger_args["version"] is not None:
+        return
+    logger_args["version"] = int(run.name.removeprefix("version_"))
+    if "purge_step" in logger_args:  # TensorBoard's
+        logger_args["purge_step"] = purge_step
+
+
+@rank_zero_only
+def _keep_earlier_record(run: Path) -> None:
+    """A run continued in its folder keeps the record of its earlier part: ``record.json`` becomes
+    ``record.1.json`` (the next free number) before the fit writes its own."""
+    record = run / "record.json"
+    if not record.is_file():
+        return
+    number = 1
+    while (run / f"record.{number}.json").exists():
+        number += 1
+    record.rename(run / f"record.{number}.json")
+
+
+def _check_resume(config, resolved: dict, subcommand: str, found: str | None) -> dict:
     """The checkpoint to resume from (``found``: how ``last`` found it): a Lightning checkpoint of this
     model, of a fit not yet complete under this run's limits (else :class:`RunComplete`), with the arguments
-    of its run except those that may change on resume (or ``--allow_resume_changes true``)."""
+    of its run except those that may change on resume (or ``--allow_resume_changes true``). Returns the
+    checkpoint (its tensors not loaded)."""
     path = config["ckpt_path"]
     named = found or path
     checkpoint = read_checkpoint(path)
     check_architecture(checkpoint, to_jsonable(config["model"]), path)
-    if cli_config["subcommand"] != "fit":  # validate, test: a finished fit's checkpoint is what they take
-        return
+    if subcommand != "fit":  # validate, test: a finished fit's checkpoint is what they take
+        return checkpoint
     done = completed(checkpoint, config["trainer"])
     if done:
         raise RunComplete(f"ckpt_path: {named}, of a finished fit ({done}): nothing to resume; raise "
                           "trainer.max_epochs or trainer.max_steps to train on")
     if config.get("allow_resume_changes"):
-        return
-    resolved = yaml.safe_load(parser.dump(cli_config, skip_unset=False))[cli_config["subcommand"]]
+        return checkpoint
     differences = resume_differences(checkpoint, resolved, path)
     require(not differences, f"ckpt_path: {named}, whose run had other arguments: {'; '.join(differences)}; "
             "resume with the run's, or pass --allow_resume_changes true to resume with these")
+    return checkpoint
 
 
-def _trainer_error(err: Exception) -> ConfigError:
+def _first_mentioned(text: str, words: Mapping[str, str]) -> str | None:
+    """The key of ``words`` whose word comes first in ``text``, or None."""
+    found = []
+    for key, word in words.items():
+        match = re.search(rf"\b{re.escape(word)}\b", text)
+        if match:
+            found.append((match.start(), key))
+    return min(found)[1] if found else None
+
+
+def _trainer_error(err: Exception, given: Mapping) -> ConfigError:
     """Lightning's refusal of a Trainer argument, named as ``trainer.<key>``: the argument its message
-    mentions first."""
+    mentions first, else the one whose value it names (``--trainer.accelerator gpu`` without a GPU: "No
+    supported gpu backend found!")."""
     text = " ".join(str(err).split())
     names = [name for name in inspect.signature(Trainer.__init__).parameters if name != "self"]
-    mentioned = []
-    for name in names:
-        match = re.search(rf"\b{name}\b", text)
-        if match:
-            mentioned.append((match.start(), name))
+    key = _first_mentioned(text, {name: name for name in names})
+    if key is None:
+        values = {name: value for name, value in given.items() if isinstance(value, str) and value.strip()}
+        key = _first_mentioned(text, values)
     if "FSDP" in text:
         text += "; on a CPU, FSDP2 runs: configs/fsdp2.yaml"
-    if not mentioned:
+    if key is None:
         return ConfigError(f"trainer: {text}")
-    return ConfigError(f"trainer.{min(mentioned)[1]}: {text}")
+    return ConfigError(f"trainer.{key}: {text}")
+
+
+class SaveConfigCallback(lightning_cli.SaveConfigCallback):
+    """LightningCLI's, which also puts the run's resolved config into each checkpoint (``CONFIG_KEY``): a
+    checkpoint copied out of its run's folder is still compared with the arguments it was trained under."""
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        checkpoint[CONFIG_KEY] = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
 
 
 def _cli_kwargs() -> dict:
@@ -184,6 +249,7 @@ def _cli_kwargs() -> dict:
         "subclass_mode_data": True,
         "parser_kwargs": {"exit_on_error": False, "allow_abbrev": False, "fit": subcommand,
                           "validate": subcommand, "test": subcommand},
+        "save_config_callback": SaveConfigCallback,
         "save_config_kwargs": {"overwrite": True},
         "auto_configure_optimizers": False,  # the model builds its own: one way to choose an optimizer
     }
@@ -225,12 +291,29 @@ class ModelwrightCLI(LightningCLI):
         self.config = parser.parse_args(args)
         config = self.run_config
         _check_config(config)
-        found = None
-        if config.get("ckpt_path") == "last":
-            found = _resolve_last(config)
+        self.continued_run = None
         if config.get("ckpt_path"):
-            _check_resume(parser, self.config, config, found)
+            self._resume(parser, config)
         self.model_as_given = config["model"].clone()
+
+    def _resume(self, parser, config) -> None:
+        """``ckpt_path`` resolved and checked; a fit that continues a run of the logger's goes on in its
+        folder."""
+        subcommand = self.config.get("subcommand") or "fit"
+        dumped = yaml.safe_load(parser.dump(self.config, skip_unset=False))
+        resolved = dumped.get(subcommand, dumped)
+        found = None
+        if config["ckpt_path"] == "last":
+            found, self.continued_run = _resolve_last(config, resolved)
+        purge_step = 0
+        if config["ckpt_path"]:
+            checkpoint = _check_resume(config, resolved, subcommand, found)
+            self.continued_run = run_of(Path(config["ckpt_path"]), _log_root(config) or Path("."))
+            purge_step = int(checkpoint.get("global_step", 0)) + 1
+        if subcommand != "fit":
+            self.continued_run = None
+        if self.continued_run is not None:
+            _continue_in(config, self.continued_run, purge_step)
 
     def before_instantiate_classes(self) -> None:  # not when parsing: --print_config changes nothing
         config = self.run_config
@@ -244,7 +327,7 @@ class ModelwrightCLI(LightningCLI):
         try:
             return super().instantiate_trainer(**kwargs)
         except (MisconfigurationException, ValueError, TypeError) as err:
-            raise _trainer_error(err) from None
+            raise _trainer_error(err, to_jsonable(self.run_config["trainer"])) from None
 
     def instantiate_classes(self) -> None:
         try:
@@ -260,6 +343,8 @@ class ModelwrightCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         config = self.run_config
         check_data(self.model, self.datamodule)
+        if self.continued_run is not None:
+            _keep_earlier_record(self.continued_run)
         # Now that the Trainer knows how many processes there are: a run that would train nothing.
         data_args = getattr(self.datamodule, "args", None)
         if self.subcommand in (None, "fit") and isinstance(data_args, (DataArgs, ImageFolderArgs)):
@@ -363,11 +448,11 @@ def build_job(args: list[str], extra: dict[str, Extra] | None = None) -> Job:
 def _generic_optimizer_flag(argv: list[str]) -> None:
     """Lightning's --optimizer/--lr_scheduler would replace the model's own optimizer and schedule."""
     flags = [arg.split("=", 1)[0] for arg in argv]
-    generic = [flag for flag in flags if flag in ("--optimizer", "--lr_scheduler")]
+    generic = [flag for flag in flags if flag.split(".", 1)[0] in ("--optimizer", "--lr_scheduler")]
     if generic:
-        raise ConfigError(f"{generic[0][2:]}: not used here; choose the optimizer with --model.optimizer "
-                          "(sgd, adamw) and --model.optimizer_impl, the schedule with --model.scheduler "
-                          "(none, cosine, onecycle)")
+        raise ConfigError(f"{generic[0][2:]}: not used here; the learning rate is --model.lr, the optimizer "
+                          f"--model.optimizer ({', '.join(OPTIMIZERS)}) and --model.optimizer_impl, the "
+                          "schedule --model.scheduler (none, cosine, onecycle)")
 
 
 def _message(err: Exception) -> str:
@@ -376,7 +461,8 @@ def _message(err: Exception) -> str:
         return (f"trainer.num_nodes: the job's processes did not all meet in time ({one_line(err)}); the "
                 "wait is trainer.strategy's timeout (Lightning's default 30 min, configs/ddp.yaml 10 min)")
     cause = os_error(err)
-    if cause is not None and not isinstance(err, OSError):  # a full disk, wrapped by its writer
+    # a full disk, wrapped by its writer; a ConfigError raised while handling an OSError says it better
+    if cause is not None and not isinstance(err, (OSError, ConfigError)):
         return one_line(cause)
     return one_line(err)
 
