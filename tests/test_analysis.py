@@ -2,27 +2,39 @@
 
 from __future__ import annotations
 
+import re
 import shutil
+import statistics
 
 import pytest
 
-from modelwright import REPO_ROOT
+from modelwright import REPO_ROOT, fmt
 from modelwright.errors import ConfigError
+from modelwright.record import get_path, read_records
 from modelwright.report import readme, tables
 from test_report import rec, write
 
 DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 
 
+ANALYSIS = REPO_ROOT / "docs" / "scaling-analysis.md"
+SLUG = "cpu-amd-epyc-avx512-2cores"
+
+
 def test_analysis_is_short_and_answers_the_six_questions():
-    text = (REPO_ROOT / "docs" / "scaling-analysis.md").read_text(encoding="utf-8")
-    assert len(text.splitlines()) <= 300
-    for question in ("What must fit in device memory", "Why does mixed precision save",
-                     "gradient accumulation simulate", "Data, tensor and pipeline parallelism",
-                     "What does gradient checkpointing trade", "Why does a 40% cut in memory matter"):
+    text = ANALYSIS.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 390  # the cost section and the longer answers included
+    for question in ("What must fit in device memory during training, and which dominates here?",
+                     "Why does mixed precision save both memory and time, and what did it save here?",
+                     "What does gradient accumulation simulate, and why does it matter on a small GPU?",
+                     "Data, tensor and pipeline parallelism: what are they and when is each needed?",
+                     "What does gradient checkpointing trade for what?",
+                     "Why does a 40% cut in memory matter beyond convenience?"):
         assert question in text
-    for section in ("scaleout", "attention"):
+    for section in ("scaleout", "attention", f"cost:{SLUG}", f"predictions:{SLUG}"):
         assert f"<!-- {section}:start -->" in text
+    assert "cpu-amd-epyc-avx2-2cores |" not in text  # the old model's AVX2 rows: one sentence now
+    assert "per switch hop)" not in text and "out-of-sample test:" in text
     assert "On the 2-core CPU" not in text and "PR 86550" not in text  # one label for two machines; a PR is no doc
 
 
@@ -73,3 +85,57 @@ def test_sections_without_results_say_so(tmp_path):
         sections("v:cpu-x:baseline:nonsense")
     with pytest.raises(ConfigError, match="an inline figure is"):  # was a TypeError traceback
         sections("v:cpu-x:baseline")
+
+
+def figure(text: str, name: str) -> str:
+    """The value the document shows between ``<!-- v name -->`` and ``<!-- /v -->``."""
+    (value,) = re.findall(rf"<!-- v {re.escape(name)} -->(.*?)<!-- /v -->", text)
+    return value
+
+
+def test_the_new_figures_of_the_analysis_agree_with_the_records():
+    """Recomputed here from records.jsonl itself, not through the report's code."""
+    text = ANALYSIS.read_text(encoding="utf-8")
+    records = [record for record in read_records(REPO_ROOT / "results" / SLUG / "records.jsonl")
+               if get_path(record, "study.kind") == "run" and record.get("status") == "ok"]
+    by_run = {}
+    for record in records:
+        by_run.setdefault(record["study"]["name"], []).append(record)
+    optimizer = statistics.median(r["memory"]["anatomy_mib"]["optimizer_state"] for r in by_run["baseline"])
+    assert figure(text, "baseline.optimizer_zero1_8") == fmt.sig(optimizer / 8, suffix=" MiB")  # ZeRO-1, N = 8
+    history = {name: group[0]["history"]["train/loss"] for name, group in by_run.items()}
+    assert figure(text, "accumulate.last_loss") == fmt.sig(history["accumulate"][-1][1])
+    assert figure(text, "baseline.last_loss") == fmt.sig(history["baseline"][-1][1])
+    assert history["checkpointing-block"] == history["baseline"] != history["accumulate"]
+    assert figure(text, "checkpointing-block.loss_match") == "bit-identical"
+    steps = {name: statistics.median(r["timing"]["step_time_median_ms"] for r in group)
+             for name, group in by_run.items()}
+    assert figure(text, "checkpointing-block.time_change") == fmt.pct(
+        steps["checkpointing-block"] / steps["baseline"] - 1, signed=True)
+    # every paired ratio of a row lies within [min, max] of its interval's possible ends
+    base = {r["study"]["repeat"]: r["timing"]["step_time_median_ms"] for r in by_run["baseline"]}
+    paired = [r["timing"]["step_time_median_ms"] / base[r["study"]["repeat"]] for r in by_run["accumulate"]]
+    low, high = figure(text, "accumulate.interval").split(" ")[0].rstrip("×").split("–")
+    assert fmt.sig(min(paired)) == low and fmt.sig(max(paired)) == high  # 3 pairs: the range of their ratios
+
+
+def test_the_cost_rows_follow_from_the_baselines_record_and_the_cited_prices():
+    text = ANALYSIS.read_text(encoding="utf-8")
+    records = read_records(REPO_ROOT / "results" / SLUG / "records.jsonl")
+    baseline = next(r for r in records if get_path(r, "study.name") == "baseline" and r["status"] == "ok"
+                    and get_path(r, "study.kind") == "run")
+    epoch = next(r for r in records if get_path(r, "study.name") == "baseline" and get_path(r, "study.kind") == "epoch")
+    section = text.split(f"<!-- cost:{SLUG}:start -->")[1].split(f"<!-- cost:{SLUG}:end -->")[0]
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in section.splitlines() if line.startswith("| ")}
+    machine = rows["2 vCPU, this machine (measured)"]
+    assert machine[2:4] == [fmt.duration(epoch["timing"]["epoch_time_s"]),
+                            fmt.usd(epoch["timing"]["epoch_time_s"] / 3600 * 0.0816)]
+    flops_per_sample = baseline["flops"]["flops_per_step"] / baseline["techniques"]["effective_batch_size"]
+    mfu = 32.3e15 / 420 / 312e12  # airbench's ResNet-18 on one A100, over the A100's bf16 peak
+    samples = epoch["timing"]["epoch_steps"] * 128
+    for device, peak, price in (("A100 80GB", 312e12, 1.10), ("H100 SXM", 989.4e12, 2.50)):
+        seconds = samples * flops_per_sample / (peak * mfu)
+        assert rows[f"1 × {device}"][2:4] == [fmt.duration(seconds), fmt.usd(seconds / 3600 * price)]
+        efficiency = float(rows[f"512 × {device}"][1].rstrip("%")) / 100
+        assert efficiency < float(rows[f"8 × {device}"][1].rstrip("%")) / 100 < 1

@@ -69,16 +69,17 @@ def test_main_table_rows_match_hand_computed_figures():
     rows = study_rows.build_rows(small_study())
     text = tables.main_table(rows)
     base = cells(text, "baseline")
-    assert base[2:8] == ["700", "1.0×", "2,100", "2,000–2,200 (3)", "1.0×", "no measurable change"]
-    assert cells(text, "fused")[6:8] == ["1.02×", "no measurable change"]  # 2150/2100 = 1.024 < 9.5%
+    assert base[2:9] == ["700", "1.0×", "2,100", "2,000–2,200 (3)", "1.0×", "reference", "no measurable change"]
+    # fused's repeats, 2150 and 2150, against the baseline's of the same rounds, 2000 and 2100: slower in both
+    assert cells(text, "fused")[6:9] == ["1.02×", "1.02–1.07× (2 pairs)", "slower"]
     fast = cells(text, "amp")
-    assert fast[2:8] == ["350", "0.50×", "1,500", "1,400–1,600 (2)", "0.71×", "faster"]  # 1500/2100
-    assert cells(text, "checkpointing-block")[6:8] == ["1.2×", "slower"]  # 2550/2100 = 1.21
+    assert fast[2:9] == ["350", "0.50×", "1,500", "1,400–1,600 (2)", "0.71×", "0.700–0.762× (2 pairs)", "faster"]
+    assert cells(text, "checkpointing-block")[6:9] == ["1.2×", "1.19–1.30× (2 pairs)", "slower"]  # 2600/2000, 2500/2100
     assert cells(text, "compile")[2] == "not measured"  # the tracker saw eager code
-    assert base[9] == "50%" and "| MFU |" in text
-    assert base[10:12] == ["not measured", "not measured"]  # no epoch record: no time or cost per epoch
-    assert base[13] == "2.20"  # mean loss of steps 2..4: (2.3 + 2.2 + 2.1) / 3
-    assert cells(text, "short")[13] == "–"  # 3 steps × 128 samples ≠ the baseline's 4 × 128
+    assert base[10] == "50%" and "| MFU |" in text
+    assert base[11:13] == ["not measured", "not measured"]  # no epoch record: no time or cost per epoch
+    assert base[14] == "2.20"  # mean loss of steps 2..4: (2.3 + 2.2 + 2.1) / 3
+    assert cells(text, "short")[14] == "–"  # 3 steps × 128 samples ≠ the baseline's 4 × 128
 
 
 def test_verdict_needs_the_baselines_repeat_spread():
@@ -105,7 +106,7 @@ def test_the_band_is_the_repeats_min_and_max_about_their_median_not_twice_it():
 
 def test_a_baseline_of_one_repeat_gives_no_verdict():
     text = tables.main_table(study_rows.build_rows([rec("baseline", 2000, 700), rec("amp", 1000, 400, index=1)]))
-    assert cells(text, "amp")[5:8] == ["– (1 repeat)", "0.50×", "no verdict (1 repeat)"]
+    assert cells(text, "amp")[5:9] == ["– (1 repeat)", "0.50×", "– (1 repeat)", "no verdict (1 repeat)"]
 
 
 def test_mixed_commits_are_refused_in_one_line_unless_allowed(tmp_path):
@@ -282,8 +283,8 @@ def test_time_and_cost_per_epoch_from_the_latest_epoch_record(tmp_path):
     rows = study_rows.build_rows(records)
     text = tables.main_table(rows)
     # 72 s on 2 vCPU at $0.0408 per vCPU-hour: $0.00163; 1,000 samples at 128 / 2.1 s = 61 samples/s: 16.4 s
-    assert cells(text, "baseline")[10:13] == ["72 s", "$0.0016", "$0.00037"]
-    assert cells(text, "amp")[10:12] == ["not measured", "not measured"]  # its only epoch record failed
+    assert cells(text, "baseline")[11:14] == ["72 s", "$0.0016", "$0.00037"]
+    assert cells(text, "amp")[11:13] == ["not measured", "not measured"]  # its only epoch record failed
     epochs = tables.epoch_table(rows)
     assert "| baseline | 72 s | 32 | 2 s | 2 | 8 s | 11% | baseline-epoch |" in epochs  # (72 − 8) / 32
     notes = " ".join(tables.price_notes(rows))
@@ -331,3 +332,64 @@ def test_a_section_is_not_rewritten_from_a_less_complete_study(tmp_path, capsys)
     doc.write_text(emptied, encoding="utf-8")  # a section emptied by hand is filled from any study
     readme.update([doc], tmp_path / "scratch")
     assert "| amp |" in doc.read_text() and "| fused |" not in doc.read_text()
+
+
+def test_a_verdict_pairs_each_repeat_with_the_baselines_of_its_round():
+    """The machine slowed in round 2 for both runs: paired, the run is 1.10× in every round (slower); against
+    the baseline's min/max band (+20%), 2200/2000 = 1.10× was called no measurable change."""
+    records = [rec("baseline", ms, 700, repeat) for repeat, ms in enumerate((2000, 2400, 2000))]
+    records += [rec("accumulate", ms * 1.10, 320, repeat, index=1) for repeat, ms in enumerate((2000, 2400, 2000))]
+    rows = {row.name: row for row in study_rows.build_rows(records)}
+    interval = rows["accumulate"].interval
+    assert (interval.low, interval.high, interval.pairs) == (pytest.approx(1.10), pytest.approx(1.10), 3)
+    assert rows["accumulate"].verdict == "slower"
+    assert study_rows.verdict(1.10, rows["baseline"].band) == "no measurable change"  # the old band's word
+
+
+def test_an_interval_that_contains_one_is_no_measurable_change_and_is_reproducible():
+    records = [rec("baseline", ms, 700, repeat) for repeat, ms in enumerate((2000, 2100, 2200))]
+    records += [rec("fused", ms, 700, repeat, index=1) for repeat, ms in enumerate((2300, 1900, 2150))]
+    first = study_rows.build_rows(records)[1]
+    again = study_rows.build_rows(records)[1]
+    assert first.interval == again.interval  # a seeded bootstrap: the report regenerates to the same text
+    assert first.interval.low < 1 < first.interval.high and first.verdict == "no measurable change"
+    # the interval's ends are ratios of resampled medians: here within the paired ratios 0.905 and 1.15
+    assert 1900 / 2100 <= first.interval.low and first.interval.high <= 2300 / 2000
+    summary = tables.technique_summary(study_rows.build_rows(records), [])
+    assert "| fused | 1.0× | 1.02× (no measurable change) | " in summary
+
+
+def test_each_plan_pairs_its_rows_with_its_own_baseline():
+    """A second plan's rows were compared with the first plan's baseline, recorded half an hour earlier."""
+    records = [rec("baseline", 2000, 700, repeat) for repeat in range(2)]
+    extra = [rec("extra-baseline", 3000, 700, repeat) for repeat in range(2)]
+    extra += [rec("contiguous", 3000, 700, repeat, index=1) for repeat in range(2)]
+    for record in extra:
+        record["study"]["plan"] = "plan_extra.yaml"
+    rows = {row.name: row for row in study_rows.build_rows(records + extra)}
+    assert rows["contiguous"].reference is rows["extra-baseline"]
+    assert rows["contiguous"].verdict == "no measurable change"  # 1.5× against the other plan's baseline
+    assert rows["extra-baseline"].reference is rows["extra-baseline"]
+    assert rows["baseline"].reference is rows["baseline"]
+
+
+def test_the_cost_example_follows_the_formula():
+    """time = FLOPs / (N × peak × MFU × efficiency); cost = time × N × price; a sample costs 1/efficiency more
+    on 512 GPUs than on one."""
+    records = [rec("baseline", 2000, 700, repeat) for repeat in range(3)] + [epoch_record("baseline", 72.0, 32, 8.0)]
+    for record in records:
+        record["flops"]["flops_per_step"] = 426e9
+        record["memory"]["model_parameters"] = 11_173_962
+        record["techniques"]["optimizer"] = "adamw"
+    (row,) = study_rows.build_rows(records)
+    text = tables.cost_table(row)
+    assert cells(text, "2 vCPU, this machine (measured)")[3:5] == ["72 s", "$0.0016"]  # 72 s × $0.0816/h
+    rate = tables.gpu_rate(row.records[0], "A100 80GB", (1, 512))
+    assert rate.mfu == pytest.approx(32.3e15 / 420 / 312e12)
+    seconds = 4096 * 426e9 / 128 / (312e12 * rate.mfu)
+    assert cells(text, "1 × A100 80GB")[3:5] == [fmt.duration(seconds), fmt.usd(seconds / 3600 * 1.10)]
+    efficiency = rate.efficiencies[512]
+    assert 0 < efficiency < 1
+    full = tables.gpu_cost_cells(rate, 512, 426e9 / 128, (1_500_000,))
+    assert full[2] == fmt.pct(efficiency)
+    assert full[4] == fmt.usd(1_500_000 * 426e9 / 128 / (312e12 * rate.mfu) / efficiency / 3600 * 1.10)

@@ -316,7 +316,7 @@ def test_resume_reads_past_a_torn_last_line(tmp_path):
         file.write(b'{"schema_version": 1, "run_id": "torn')  # what a kill -9 mid-write could leave
     with pytest.warns(UserWarning):
         study = runner.Study(plan.Plan("p", [plan.Entry("a", None)]), _settings(), tmp_path / SLUG, tmp_path)
-    assert set(study.done) == {("run", "h1", 0)}
+    assert set(study.done) == {("a", "run", "h1", 0)}
 
 
 # -- the command: order of repeats, the lock, no orphans -----------------------------------------------------

@@ -8,13 +8,16 @@ repeats), an entry with none shows its last failure. Ratios are to the model's r
 
 from __future__ import annotations
 
+import functools
+import random
 import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, NamedTuple
 
-from modelwright.fmt import DASH, finite, pct
+from modelwright.fmt import DASH, finite, pct, sig
 from modelwright.record import get_path
 
 ANATOMY = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
@@ -71,18 +74,92 @@ def last_loss(record: Mapping) -> LastLoss:
 
 class SpreadBand(NamedTuple):
     """The spread of a row's repeats: the lowest and the highest of their median steps relative to the median
-    of them (``lo/med − 1``, ``hi/med − 1``). A ratio to this row is a change only outside ``1 + low`` to
-    ``1 + high``."""
+    of them (``lo/med − 1``, ``hi/med − 1``)."""
 
     low: float
     high: float
 
-    def contains(self, time_ratio: float) -> bool:
-        return 1 + self.low <= time_ratio <= 1 + self.high
+    def around(self, time_ratio: float) -> tuple[float, float]:
+        """The ratios a predicted ``time_ratio`` could be, by this spread of the baseline's repeats: it
+        contains 1 where ``1 + low <= time_ratio <= 1 + high``."""
+        return time_ratio / (1 + self.high), time_ratio / (1 + self.low)
 
     def text(self) -> str:
         """``-7.6% / +7.0%``."""
         return f"{pct(self.low, signed=True)} / {pct(self.high, signed=True)}"
+
+
+#: The paired comparison: a percentile bootstrap, seeded so that a report regenerates to the same text.
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+
+
+class PairedInterval(NamedTuple):
+    """A :data:`CONFIDENCE` interval on a row's step time over its reference's, from repeats paired by repeat
+    index (the n-th fresh process of each), and the longest time between the records of a pair."""
+
+    low: float
+    high: float
+    pairs: int
+    apart_s: float | None
+
+    def around(self, time_ratio: float) -> tuple[float, float]:
+        return self.low, self.high
+
+    def text(self) -> str:
+        """``0.970–1.12× (3 pairs)``: three digits, so that an end near 1 does not read as 1.0."""
+        return f"{sig(self.low)}–{sig(self.high, suffix='×')} ({self.pairs} pairs)"
+
+
+def created_s(record: Mapping) -> float | None:
+    """When the record was begun, in seconds since the epoch; None without a readable ``created_at``."""
+    try:
+        return datetime.fromisoformat(str(record.get("created_at"))).timestamp()
+    except ValueError:
+        return None
+
+
+class Pair(NamedTuple):
+    """The median steps of a run's and its reference's repeats of one index, and the time between them."""
+
+    run_ms: float
+    base_ms: float
+    apart_s: float | None
+
+
+def pairs_by_repeat(records: Sequence[Mapping], reference: Sequence[Mapping]) -> list[Pair]:
+    """The repeats of ``records`` and ``reference`` paired by ``study.repeat``, where both have a step."""
+    by_repeat = {get_path(record, "study.repeat"): record for record in reference}
+    pairs = []
+    for record in records:
+        base = by_repeat.get(get_path(record, "study.repeat"))
+        run_ms = finite(get_path(record, "timing.step_time_median_ms"))
+        base_ms = finite(get_path(base, "timing.step_time_median_ms")) if base else None
+        if run_ms is None or not base_ms:
+            continue
+        started = (created_s(record), created_s(base))
+        pairs.append(Pair(run_ms, base_ms, None if None in started else abs(started[0] - started[1])))
+    return pairs
+
+
+def paired_interval(records: Sequence[Mapping], reference: Sequence[Mapping]) -> PairedInterval | None:
+    """The bootstrap interval of the ratio of median steps over pairs of repeats drawn with replacement (the
+    same pairs for both sides, so that a slow spell of the machine over a pair cancels); None with fewer
+    than 2 pairs."""
+    pairs = pairs_by_repeat(records, reference)
+    if len(pairs) < 2:
+        return None
+    generator = random.Random(BOOTSTRAP_SEED)
+    ratios = []
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        drawn = generator.choices(pairs, k=len(pairs))
+        run_ms = statistics.median(pair.run_ms for pair in drawn)
+        ratios.append(run_ms / statistics.median(pair.base_ms for pair in drawn))
+    ratios.sort()
+    tail = round(BOOTSTRAP_RESAMPLES * (1 - CONFIDENCE) / 2)
+    apart = [pair.apart_s for pair in pairs if pair.apart_s is not None]
+    return PairedInterval(ratios[tail], ratios[-tail - 1], len(pairs), max(apart, default=None))
 
 
 @dataclass(frozen=True)
@@ -226,21 +303,28 @@ class Row:
             return None
         return SpreadBand(figures.step_lo / figures.step_ms - 1, figures.step_hi / figures.step_ms - 1)
 
+    @functools.cached_property
+    def interval(self) -> PairedInterval | None:
+        """The paired interval on this row's step over its reference's (:func:`paired_interval`)."""
+        return paired_interval(self.records, self.reference.records) if self.reference else None
+
     @property
     def verdict(self) -> str:
-        return verdict(self.vs("step_ms"), self.reference.band if self.reference else None)
+        return verdict(self.vs("step_ms"), self.interval)
 
 
-def verdict(time_ratio: float | None, band: SpreadBand | None) -> str:
-    """``faster``/``slower`` only where the ratio leaves the reference's :class:`SpreadBand`, else ``no
-    measurable change``."""
+def verdict(time_ratio: float | None, spread: PairedInterval | SpreadBand | None) -> str:
+    """``faster``/``slower`` only where the interval on the ratio leaves out 1.0, else ``no measurable
+    change``. ``spread``: a measured ratio's :class:`PairedInterval`, or around a predicted ratio (the
+    advisor's) the baseline's :class:`SpreadBand`."""
     if time_ratio is None:
         return DASH
-    if band is None:
+    if spread is None:
         return "no verdict (1 repeat)"
-    if band.contains(time_ratio):
+    low, high = spread.around(time_ratio)
+    if low <= 1 <= high:
         return "no measurable change"
-    return "faster" if time_ratio < 1 else "slower"
+    return "faster" if high < 1 else "slower"
 
 
 def records_by_entry(records: Sequence[dict], kind: str) -> dict[str, list[dict]]:
@@ -274,19 +358,23 @@ def build_rows(records: Sequence[dict]) -> list[Row]:
             rows.append(Row(name, [last], str(last.get("status")), error=last.get("error")))
 
     def plan_order(row: Row) -> tuple:
-        study = row.records[-1]["study"]
-        return plans[study.get("plan")], study.get("index", 0), row.name
+        return plans[plan_of(row)], row.records[-1]["study"].get("index", 0), row.name
 
     rows.sort(key=plan_order)
     epochs = records_by_entry(records, "epoch")
     for row in rows:
         row.epoch = epoch_figures(epochs.get(row.name, []))
     ranked = sorted((row for row in rows if row.ok), key=lambda row: not is_baseline_name(row.name))
-    # The first per model wins: its baseline, else its first run.
+    # A plan's own baseline, run in turn with its rows; else the model's first baseline, else its first run.
     references = {row.model: row for row in reversed(ranked)}
+    own = {(plan_of(row), row.model): row for row in reversed(ranked) if is_baseline_name(row.name)}
     for row in rows:
-        row.reference = references.get(row.model)
+        row.reference = own.get((plan_of(row), row.model), references.get(row.model))
     return rows
+
+
+def plan_of(row: Row) -> Any:
+    return row.records[-1]["study"].get("plan")
 
 
 @dataclass

@@ -94,9 +94,14 @@ _GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
 )
 
 
+def datasheet_peaks(device_name: str) -> dict[str, float]:
+    """A GPU's dense datasheet peaks by dtype (``bfloat16``, ``tf32``, ...), by its name; {} if unknown."""
+    return next((peaks for pattern, peaks in _GPU_PEAKS if re.search(pattern, device_name.lower())), {})
+
+
 def _gpu_peak(device: torch.device, dtype: torch.dtype) -> PeakFlops:
     name = torch.cuda.get_device_name(device)
-    table = next((peaks for pattern, peaks in _GPU_PEAKS if re.search(pattern, name.lower())), {})
+    table = datasheet_peaks(name)
     key, note = str(dtype).removeprefix("torch."), ""
     if dtype is torch.float32 and torch.cuda.get_device_capability(device) >= (8, 0):
         with warnings.catch_warnings():

@@ -47,15 +47,16 @@ FABRICS = {
 OVERLAP_SOURCE = ("bucketed all-reduce overlapped with the rest of backward, the last bucket's not (Li et "
                   "al., VLDB 2020); backward = 2/3 of compute")
 BACKWARD_SHARE = 2 / 3  # backward ≈ 2 × forward FLOPs (the 6·N·tokens rule: 2 forward, 4 backward)
-#: α, the latency of one ring step. Between nodes: the upper end of InfiniBand NDR's 2–5 µs per switch hop;
-#: inside a node: NVLink's 5–10 µs end to end for a small collective, upper end, over a ring of 8's 2(8−1)
-#: steps. Both from factryze.ai's Scale Atlas ("Tree-Reduce Latency"), whose ring model this is:
+#: α, the latency of one ring step. Between nodes: one small message end to end over InfiniBand (HDR on A100
+#: clusters, NDR on H100), a few µs of NIC, PCIe and NCCL protocol, upper end; a switch hop adds only about
+#: 0.1–0.2 µs of it. Inside a node: NVLink's 5–10 µs end to end for a small collective, upper end, over a ring
+#: of 8's 2(8−1) steps. Both from factryze.ai's Scale Atlas ("Tree-Reduce Latency"), whose ring model this is:
 #: T ≈ 2(P−1)·α + 2(P−1)/P·bytes/bandwidth.
 INTER_NODE_STEP_LATENCY_S = 5e-6
 INTRA_NODE_STEP_LATENCY_S = 10e-6 / (2 * (8 - 1))
-LATENCY_SOURCE = ("α per ring step: 5 µs between nodes (InfiniBand NDR 2–5 µs per switch hop), 0.71 µs "
-                  "inside one (NVLink 10 µs end to end over 14 steps); factryze.ai Scale Atlas, Tree-Reduce "
-                  "Latency")
+LATENCY_SOURCE = ("α per ring step: 5 µs between nodes (a small InfiniBand message end to end, a few µs; a "
+                  "switch hop adds only 0.1–0.2 µs), 0.71 µs inside one (NVLink 10 µs end to end over 14 "
+                  "steps); factryze.ai Scale Atlas, Tree-Reduce Latency")
 #: DDP's default gradient bucket, 25 MiB (``bucket_cap_mb``; Li et al., VLDB 2020): one ring collective each.
 DDP_BUCKET_BYTES = 25 * MIB
 

@@ -15,7 +15,7 @@ from modelwright.record import write_text_atomic
 from modelwright.report import predictions, tables
 from modelwright.report.plots import PLOTS, plot_all
 from modelwright.report.readme import ResultsFolder, update
-from modelwright.study_rows import Row
+from modelwright.study_rows import CONFIDENCE, Row
 
 NOTES = ("Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyTorch's memory tracker "
          "over one step (it sees eager code only: compiled runs are not measured). Step ms: the median over "
@@ -61,6 +61,8 @@ def row_summary(row: Row) -> dict:
     return summary | dataclasses.asdict(row.figures) | {
         "setup": tables.setup_text(row.records[0]), "memory_vs_reference": row.vs("peak_mib"),
         "time_vs_reference": row.vs("step_ms"), "verdict": row.verdict,
+        "time_interval": row.interval and {"low": row.interval.low, "high": row.interval.high,
+                                           "pairs": row.interval.pairs, "confidence": CONFIDENCE},
         "run_ids": [record.get("run_id") for record in row.records], "epoch": epoch_summary(row),
         "cost_usd": cost_summary(row)}
 

@@ -18,11 +18,13 @@ from pathlib import Path
 
 import modelwright.report.predictions as predictions
 import modelwright.report.tables as tables
+from modelwright import planner
 from modelwright.errors import require
 from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
+from modelwright.planner.memory import MIB, state_bytes_per_rank
 from modelwright.record import get_path, read_record, read_records, write_text_atomic
 from modelwright.report.plots import PLOTS
-from modelwright.study_rows import Row, build_budget_rows, build_rows, div, provenance_group
+from modelwright.study_rows import Row, build_budget_rows, build_rows, div, plan_of, provenance_group
 
 MARKER = re.compile(r"<!-- ([\w.:/-]+):start -->(.*?)<!-- \1:end -->", re.S)
 #: The study that the inline figures after it come from, and one inline figure.
@@ -138,6 +140,11 @@ class ResultsFolder:
                 f"({'; '.join(groups)}); rerun them, or pass --allow_mixed true to mark them")
         self.marks = {group: chr(ord("a") + i) for i, group in enumerate(groups)} if len(groups) > 1 else {}
         self.wall_s = sum(finite(get_path(record, "study.process_wall_s")) or 0 for record in used)
+        self.plan_wall_s: dict[str, float] = {}
+        for record in used:  # what each plan's runs took, the budget phase included
+            plan = str(get_path(record, "study.plan"))
+            wall_s = finite(get_path(record, "study.process_wall_s")) or 0
+            self.plan_wall_s[plan] = self.plan_wall_s.get(plan, 0) + wall_s
         self.ok_rows = {row.name: row for row in self.rows if row.ok}
 
     def window_text(self, last: Mapping) -> str:
@@ -153,6 +160,13 @@ class ResultsFolder:
         return (f"- Window: {warmup} warm-up, {usual} measured steps per run{others}, up to {repeats} "
                 f"repeat(s) per row; plan(s) {', '.join(plans)}")
 
+    def plan_wall_text(self) -> str:
+        """`` (`plan_default.yaml` 27 min, ...)`` where the runs came from more than one plan."""
+        if len(self.plan_wall_s) < 2:
+            return ""
+        parts = [f"`{Path(plan).name}` {duration(wall_s)}" for plan, wall_s in self.plan_wall_s.items()]
+        return f" ({', '.join(parts)})"
+
     def header(self) -> str:
         """Conditions, the commands behind every row, and the runs' total wall time."""
         last = next((record for record in reversed(self.runs) if record.get("status") == "ok"), {})
@@ -161,11 +175,39 @@ class ResultsFolder:
         python = get_path(last, "versions.python")
         lines = [f"- Hardware: {accelerator} {machine_text(last)}, python {python}",
                  self.window_text(last),
-                 f"- Command(s): {'; '.join(commands)}; total wall time of the runs: {duration(self.wall_s)}"]
+                 f"- Command(s): {'; '.join(commands)}; total wall time of the runs: {duration(self.wall_s)}"
+                 + self.plan_wall_text()]
         lines += [f"- [{mark}] {group}" for group, mark in self.marks.items()]
         if not self.marks:
             lines.append(f"- Records: {provenance_group(last)}")
         return "\n".join(lines)
+
+
+def state_figures(row: Row) -> dict[str, str]:
+    """The model state a row measured at its peak beside the planner's bytes per parameter, and ZeRO-1's
+    optimizer state per GPU at 8 GPUs (``v:<slug>:<run>:<field>``)."""
+    anatomy = row.figures.anatomy
+    mib = {"parameters": anatomy["parameters"], "gradients": anatomy["gradients"],
+           "optimizer": anatomy["optimizer_state"], "optimizer_zero1_8": None, "state_planned": None}
+    per_parameter = None
+    with contextlib.suppress(KeyError):  # a record without what the planner needs: dashes
+        spec = planner.spec_from_record(row.records[0])
+        zero1 = state_bytes_per_rank(spec.num_params, spec.state, "zero1", 8)["optimizer_state"]
+        mib.update(optimizer_zero1_8=zero1 / MIB, state_planned=spec.state.total * spec.num_params / MIB)
+        per_parameter = spec.state.total
+    return {**{field: sig(value, suffix=" MiB") for field, value in mib.items()},
+            "bytes_per_parameter": DASH if per_parameter is None else f"{per_parameter:g} B"}
+
+
+def loss_figures(row: Row) -> dict[str, str]:
+    """The row's training loss: the mean of its last steps, its last step's (and how many steps that is), and
+    whether its loss curve is bit for bit its reference's."""
+    history = get_path(row.records[0], "history.train/loss") or []
+    reference = get_path(row.reference.records[0], "history.train/loss") if row.reference else None
+    last_step, last_loss = history[-1] if history else (None, None)
+    return {"loss": sig(row.figures.loss), "last_loss": sig(last_loss),
+            "loss_steps": DASH if last_step is None else str(last_step + 1),
+            "loss_match": "bit-identical" if history and history == reference else "not identical"}
 
 
 def inline_figures(row: Row, folder: ResultsFolder) -> dict[str, str]:
@@ -180,13 +222,19 @@ def inline_figures(row: Row, folder: ResultsFolder) -> dict[str, str]:
     state = sum(anatomy[key] or 0 for key in ("parameters", "gradients", "optimizer_state"))
     batch = next((budget.batch for budget in folder.budget if budget.name == row.name and budget.fits), DASH)
     cost = tables.row_cost(row)
-    return {"peak": f"{sig(peak)} MiB", "memory": ratio(row.vs("peak_mib")), "time": ratio(row.vs("step_ms")),
+    time_ratio = row.vs("step_ms")
+    return {"peak": f"{sig(peak)} MiB", "memory": ratio(row.vs("peak_mib")), "time": ratio(time_ratio),
+            "time_change": pct(time_ratio - 1, signed=True) if time_ratio else DASH,
             "step": f"{sig(figures.step_ms)} ms", "verdict": row.verdict, "mfu": pct(figures.mfu),
             "band": "none with 1 repeat" if row.band is None else row.band.text(),
+            "interval": tables.interval_text(row),
+            "paired_apart": duration(row.interval.apart_s) if row.interval else DASH,
+            "plan_wall": duration(folder.plan_wall_s.get(str(plan_of(row)))),
             "activations": f"{sig(anatomy['activations'])} MiB",
             "share": pct(div(anatomy["activations"] or 0, peak)),
             "state": f"{sig(state)} MiB", "batch": str(batch), "epoch": tables.epoch_text(row),
-            "epoch_cost": usd(cost.per_epoch) if cost and cost.per_epoch is not None else DASH, **flops}
+            "epoch_cost": usd(cost.per_epoch) if cost and cost.per_epoch is not None else DASH, **flops,
+            **state_figures(row), **loss_figures(row)}
 
 
 def _is_job(folder: Path) -> bool:
@@ -225,6 +273,10 @@ class Sections:
             require(name.count(":") == 3,
                     f"<!-- {name}:start -->: an inline figure is v:<slug>:<run>:<field>")
             return self.value(*name.split(":")[1:])
+        if name.startswith("predictions:"):
+            return self.predictions(name.removeprefix("predictions:"))
+        if name.startswith("cost:"):
+            return self.cost(name.removeprefix("cost:"))
         render = {
             "predictions": self.predictions,
             "results": self.results,
@@ -237,16 +289,30 @@ class Sections:
         }
         return render[name]() if name in render else None
 
+    def study(self, slug: str, section: str) -> ResultsFolder:
+        """The study ``results/<slug>/`` that the section ``<section>:<slug>`` names."""
+        folder = next((folder for folder in self.studies if folder.slug == slug), None)
+        require(folder is not None, f"<!-- {section}:{slug}:start -->: no study results/{slug}/")
+        return folder
+
     def techniques(self, slug: str) -> str:
         """The one-table summary of a study's runs against its baseline."""
-        folder = next((folder for folder in self.studies if folder.slug == slug), None)
-        require(folder is not None, f"<!-- techniques:{slug}:start -->: no study results/{slug}/")
+        folder = self.study(slug, "techniques")
         return tables.technique_summary(folder.rows, folder.budget)
 
-    def predictions(self) -> str:
-        """The project's own studies' predictions; a user's job (``study --config``) has them in its table.md."""
-        own = [folder for folder in self.studies if not _is_job(folder.folder)]
+    def predictions(self, slug: str | None = None) -> str:
+        """The project's own studies' predictions (``predictions:<slug>``: one study's, its check folders
+        included); a user's job (``study --config``) has them in its table.md."""
+        own = [folder for folder in self.studies if not _is_job(folder.folder)
+               and slug in (None, folder.slug.split("/")[0])]
+        require(bool(own) or slug is None, f"<!-- predictions:{slug}:start -->: no study results/{slug}/")
         return predictions.prediction_table(own) or "No run of a study was predicted yet."
+
+    def cost(self, slug: str) -> str:
+        """The worked cost example from the study's baseline (``cost:<slug>``)."""
+        baseline = self.study(slug, "cost").ok_rows.get("baseline")
+        text = tables.cost_table(baseline) if baseline else None
+        return text or "Not generated: no `baseline` run recorded with a whole epoch and its FLOPs."
 
     def value(self, slug: str, run: str, field: str) -> str:
         """One figure (a key of :func:`inline_figures`) of run ``run`` in ``results/<slug>/``; a dash without

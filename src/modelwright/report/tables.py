@@ -7,9 +7,10 @@ from typing import Any, NamedTuple
 
 from modelwright import planner
 from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
-from modelwright.planner.prices import GPU_NAMES, MachinePrice, machine_price
+from modelwright.measure.flops import datasheet_peaks
+from modelwright.planner.prices import DEFAULT_PRICES, GPU_NAMES, PRICE_SOURCE, MachinePrice, machine_price
 from modelwright.record import get_path
-from modelwright.study_rows import LOSS_STEPS, BudgetRow, Row, div, provenance_group
+from modelwright.study_rows import CONFIDENCE, LOSS_STEPS, BudgetRow, Row, div, provenance_group
 from modelwright.techniques import setup_words
 
 __all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "scaleout_table", "setup_text"]
@@ -28,6 +29,13 @@ def comparable_loss(row: Row) -> float | None:
     reference_samples = row.reference.figures.loss_samples if row.reference else None
     samples = row.figures.loss_samples
     return row.figures.loss if samples is not None and samples == reference_samples else None
+
+
+def interval_text(row: Row) -> str:
+    """The paired interval on the row's step over its reference's, as a table cell."""
+    if row is row.reference:
+        return "reference"
+    return f"{DASH} (1 repeat)" if row.interval is None else row.interval.text()
 
 
 def repeat_spread(row: Row) -> str:
@@ -100,10 +108,10 @@ def technique_summary(rows: Sequence[Row], budget: Sequence[BudgetRow]) -> str:
             epoch_ratio = div(row.epoch.time_s, row.reference.epoch.time_s)
         cost_ratio = div(cost and cost.per_epoch, reference_cost and reference_cost.per_epoch)
         body.append([row.name, ratio(row.vs("peak_mib")), f"{ratio(row.vs('step_ms'))} ({row.verdict})",
-                     ratio(epoch_ratio), ratio(largest.get(row.name)), ratio(cost_ratio)])
-    header = ["run, against the baseline", "peak memory", "step time", "time per epoch",
-              "largest batch under the budget", "cost per epoch"]
-    return table(header, body, "lrlrrr")
+                     interval_text(row), ratio(epoch_ratio), ratio(largest.get(row.name)), ratio(cost_ratio)])
+    header = ["run, against the baseline", "peak memory", "step time", f"its {pct(CONFIDENCE)} interval",
+              "time per epoch", "largest batch under the budget", "cost per epoch"]
+    return table(header, body, "lrllrrr")
 
 
 def main_table(rows: Sequence[Row], marks: Mapping[str, str] | None = None) -> str:
@@ -115,13 +123,15 @@ def main_table(rows: Sequence[Row], marks: Mapping[str, str] | None = None) -> s
         letters = sorted({(marks or {}).get(provenance_group(record)) for record in row.records} - {None})
         name = row.name + (f" [{','.join(letters)}]" if letters else "")
         body.append([name, setup_text(row.records[0]), peak, ratio(row.vs("peak_mib")), sig(figures.step_ms),
-                     repeat_spread(row), ratio(row.vs("step_ms")), row.verdict, sig(figures.samples_per_s),
+                     repeat_spread(row), ratio(row.vs("step_ms")), interval_text(row), row.verdict,
+                     sig(figures.samples_per_s),
                      pct(figures.mfu), epoch_text(row), *cost_cells(row), sig(comparable_loss(row))])
     header = ["run", "setup", "peak MiB", "memory vs base", "step ms (median of repeats)",
-              "repeat medians min–max (n)", "time vs base", "verdict", "samples/s", "MFU", "time per epoch",
+              "repeat medians min–max (n)", "time vs base", f"{pct(CONFIDENCE)} interval, paired repeats",
+              "verdict", "samples/s", "MFU", "time per epoch",
               "cost per epoch (est.)", "cost per 1,000 samples (est.)",
               f"train loss, last {LOSS_STEPS} steps"]
-    return table(header, body, "llrrrrrlrrrrrr")
+    return table(header, body, "llrrrrrllrrrrrr")
 
 
 def epoch_table(rows: Sequence[Row]) -> str | None:
@@ -231,3 +241,74 @@ def scaleout_table(record: Mapping, devices: Sequence[int] = (1, 8, 512)) -> str
     header = ["GPUs", "global batch", "gradient MiB sent per GPU per step", "communication per step",
               "of it exposed", "step time", "scaling efficiency"]
     return table(header, body) + f"\n\nPlanner assumptions: {knobs}."
+
+
+#: The cost example's GPUs, and its full training: 30 epochs of 50,000 samples, CIFAR-10's training set (an
+#: epoch count we state, not an accuracy we measured).
+COST_GPUS = ("A100 80GB", "H100 SXM")
+FULL_TRAINING_SAMPLES = 30 * 50_000
+
+
+class GpuRate(NamedTuple):
+    """What one GPU sustains on the job and what N of them lose to communication."""
+
+    device: str
+    peak_flops_per_s: float
+    mfu: float
+    efficiencies: dict[int, float]
+
+
+def gpu_rate(record: Mapping, device: str, devices: Sequence[int]) -> GpuRate:
+    """The GPU's bf16 datasheet peak at airbench's A100 MFU (:data:`PUBLISHED_A100_FLOPS_PER_S` over the
+    A100's peak: an assumption on any other GPU), and the planner's data-parallel scaling efficiency at each
+    device count for a step of that rate on that GPU's network."""
+    mfu = PUBLISHED_A100_FLOPS_PER_S / datasheet_peaks("A100")["bfloat16"]
+    peak = datasheet_peaks(device)["bfloat16"]
+    flops = get_path(record, "flops.flops_per_step")
+    spec = dataclasses.replace(planner.spec_from_record(record), step_time_ms=1e3 * flops / (peak * mfu))
+    assumptions = planner.Assumptions(device=device)
+    rates = {count: planner.predict_step(spec, "dp", count, assumptions).samples_per_s for count in devices}
+    return GpuRate(device, peak, mfu, {count: rates[count] / (count * rates[1]) for count in devices})
+
+
+def gpu_cost_cells(rate: GpuRate, gpus: int, flops_per_sample: float, samples: Sequence[int]) -> list[str]:
+    """Time and cost of ``samples`` on ``gpus`` of ``rate``: FLOPs / (N × peak × MFU × efficiency), and that
+    time × N × the listed price per GPU-hour (low end)."""
+    price = DEFAULT_PRICES[rate.device][0]
+    efficiency = rate.efficiencies[gpus]
+    cells = [f"{gpus} × {rate.device}", f"${price:.2f}", pct(efficiency)]
+    for count in samples:
+        seconds = count * flops_per_sample / (gpus * rate.peak_flops_per_s * rate.mfu * efficiency)
+        cells += [duration(seconds), usd(seconds / 3600 * gpus * price)]
+    return cells
+
+
+def cost_table(row: Row, devices: Sequence[int] = (1, 8, 512)) -> str | None:
+    """The worked cost example: one measured epoch of the row's job and a full training, on this machine
+    (measured) and on 1, 8 and 512 GPUs of two kinds (estimates); None without a measured epoch or FLOPs."""
+    record = row.records[0]
+    cost = row_cost(row)
+    flops = row.figures.flops_per_step
+    batch = get_path(record, "techniques.effective_batch_size")
+    if row.epoch is None or not row.epoch.samples or cost is None or not flops or not batch:
+        return None
+    samples = (row.epoch.samples, FULL_TRAINING_SAMPLES)
+    per_sample_s = row.epoch.time_s / row.epoch.samples
+    price = cost.price.usd_per_hour
+    machine = [f"{cost.price.what}, this machine (measured)", usd(price), DASH]
+    for count in samples:
+        machine += [duration(per_sample_s * count), usd(per_sample_s * count / 3600 * price)]
+    body = [machine]
+    for device in COST_GPUS:
+        rate = gpu_rate(record, device, devices)
+        body += [gpu_cost_cells(rate, gpus, flops / batch, samples) for gpus in devices]
+    header = ["devices", "price per device-hour", "scaling efficiency",
+              f"one epoch ({row.epoch.samples:,} samples): time", "cost",
+              f"full training ({FULL_TRAINING_SAMPLES:,} samples): time", "cost"]
+    rate = gpu_rate(record, COST_GPUS[0], (1,))
+    notes = (f"GPU rows are estimates: {sig(flops / batch / 1e9)} GFLOP per sample (counted in the "
+             f"`{row.name}` record) at {pct(rate.mfu)} of the GPU's bf16 datasheet peak (airbench's "
+             "ResNet-18 on one A100; the same MFU assumed on the H100), the planner's data-parallel "
+             f"efficiency, and the low end of each listing ({PRICE_SOURCE}). This machine's full training is "
+             "its measured epoch's rate scaled to the samples.")
+    return table(header, body, "lrrrrrr") + f"\n\n{notes}"

@@ -39,7 +39,8 @@ class Entry:
 
 @dataclass
 class Plan:
-    """A plan file. Its first run is the baseline; steps may be per device type (``{cpu: 10, cuda: 20}``)."""
+    """A plan file. Its first run is its baseline (``baseline`` or ``*-baseline``: its rows are compared with
+    it, repeat by repeat); steps may be per device type (``{cpu: 10, cuda: 20}``)."""
 
     path: str
     entries: list[Entry]
@@ -255,9 +256,10 @@ class RunSpec:
     files: tuple[str, ...] = ()  # the config files of its command: the job's, then the entry's
 
     @property
-    def key(self) -> tuple[str, str, int]:
-        """What identifies its record among a study's records: kind, config hash, repeat."""
-        return (self.kind, self.config_hash, self.repeat)
+    def key(self) -> tuple[str, str, str, int]:
+        """What identifies its record among a study's records: name, kind, config hash, repeat. The name: a
+        plan's own baseline runs in turn with its rows, though another plan's has the same config."""
+        return (self.name, self.kind, self.config_hash, self.repeat)
 
     @property
     def folder(self) -> str:

@@ -174,12 +174,12 @@ def _read_json(path: Path) -> dict | None:
     return None
 
 
-def _done_key(record: Mapping) -> tuple[str, str, int] | None:
-    """What makes a committed record count for resume: ``(kind, config hash, repeat)``, or None."""
+def _done_key(record: Mapping) -> tuple[str, str, str, int] | None:
+    """What makes a committed record count for resume: ``(name, kind, config hash, repeat)``, or None."""
     facts = record.get("study") or {}
     if record.get("status") not in DONE_STATUSES or "config_hash" not in facts:
         return None
-    return facts.get("kind", "run"), facts["config_hash"], facts.get("repeat", 0)
+    return facts.get("name"), facts.get("kind", "run"), facts["config_hash"], facts.get("repeat", 0)
 
 
 class Study:
@@ -198,7 +198,7 @@ class Study:
         self.retry_failed = retry_failed
         self.run_timeout_s = run_timeout_s
         self.cmd = cmd or ["python", "-m", "modelwright", "study"]
-        self.done: dict[tuple[str, str, int], dict] = {}
+        self.done: dict[tuple[str, str, str, int], dict] = {}
         self.executed = 0
         self.skipped = 0
         self.failed = 0
