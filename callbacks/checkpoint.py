@@ -7,6 +7,8 @@ validation (saved before it, a resumed run skips it: Lightning counts it done), 
 copy across filesystems that a kill leaves half-done; this writes beside the destination, fsyncs and
 renames."""
 
+import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +23,16 @@ class ModelCheckpoint(_LightningCheckpoint):
     """``lightning.pytorch.callbacks.ModelCheckpoint``, with the same arguments."""
 
     _after_validation = False
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            super().setup(trainer, pl_module, stage)
+        for warning in caught:
+            # A resumed fit goes on in its run's folder: its own last*.ckpt there are no other run's files.
+            if "exists and is not empty" in str(warning.message) and _only_last_checkpoints(self.dirpath):
+                continue
+            warnings.warn(warning.message, stacklevel=2)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         every = _lightning.every_n_train_steps(self)
@@ -39,6 +51,10 @@ class ModelCheckpoint(_LightningCheckpoint):
     def on_train_end(self, trainer, pl_module) -> None:
         if not trainer.fast_dev_run:
             super().on_train_end(trainer, pl_module)
+
+
+def _only_last_checkpoints(folder: str) -> bool:
+    return all(path.match("last*.ckpt") for path in Path(folder).iterdir())
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -87,12 +87,12 @@ def test_resume_from_last(tmp_path):
     # Another seed: a fresh start would initialise other weights and draw another data order.
     resume = [*common, "--trainer.max_epochs", "2", "--ckpt_path", "last", "--seed_everything", "7"]
     assert cli_main(resume) == 0
-    first, second = _versions(tmp_path)
-    done = torch.load(first / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
-    resumed = torch.load(second / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
-    assert done["global_step"] == 4 and resumed["global_step"] == 8, "resumed after epoch 0's 4 steps, ran 4"
-    history = json.loads((second / "record.json").read_text())["history"]["train/loss"]
-    assert history[0][0] > 4, "the second run's history starts where the first stopped"
+    (run,) = _versions(tmp_path)  # the resumed fit goes on in its run's folder
+    resumed = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
+    assert resumed["global_step"] == 8, "resumed after epoch 0's 4 steps, ran 4"
+    first_part = json.loads((run / "record.1.json").read_text())["history"]["train/loss"]
+    history = json.loads((run / "record.json").read_text())["history"]["train/loss"]
+    assert first_part[-1][0] < 4 < history[0][0], "the resumed part's history starts where the first stopped"
     uninterrupted = tmp_path / "whole"
     assert cli_main(fit_args(uninterrupted, *small, "--trainer.max_epochs", "2")) == 0
     (whole,) = _versions(uninterrupted)
@@ -137,14 +137,15 @@ def _zip(path: Path) -> Path:
 def test_last_is_the_newest_loadable_checkpoint_of_the_latest_run_that_wrote_one(tmp_path):
     from modelwright.train.checkpoints import find_last_checkpoint
 
-    nothing = find_last_checkpoint(tmp_path)
+    nothing = find_last_checkpoint(tmp_path, {})
     assert nothing.path is None and nothing.skipped == [], "nothing to resume: `last` starts afresh"
     older = _zip(tmp_path / "version_0" / "checkpoints" / "last.ckpt")
     good = _zip(tmp_path / "version_1" / "checkpoints" / "last-step.ckpt")
     # a full disk left it empty, newer
     (tmp_path / "version_1" / "checkpoints" / "last.ckpt").write_bytes(b"")
-    assert find_last_checkpoint(tmp_path) == (good, [])
+    assert find_last_checkpoint(tmp_path, {}) == (good, tmp_path / "version_1", [])
     (tmp_path / "version_2").mkdir()  # the latest run was killed before its first checkpoint
     (tmp_path / "version_10" / "checkpoints").mkdir(parents=True)  # and one after it too, numbered past 9
-    assert find_last_checkpoint(tmp_path) == (good, [tmp_path / "version_10", tmp_path / "version_2"])
+    passed_over = [tmp_path / "version_10", tmp_path / "version_2"]
+    assert find_last_checkpoint(tmp_path, {}) == (good, tmp_path / "version_1", passed_over)
     assert older.is_file()

@@ -157,12 +157,12 @@ def test_sigkill_at_every_kill_point_then_resume_ends_as_the_uninterrupted_run(t
     for name, *_ in KILL_POINTS:
         killed = (tmp_path / f"{name}.val").read_text().splitlines() if (tmp_path / f"{name}.val").exists() else []
         # Another seed: a run that restarted instead of restoring would not match A (but one killed before its
-        # first checkpoint has nothing to restore: `last` starts it afresh, with A's seed).
+        # first checkpoint has nothing to restore: `last` starts it afresh in its folder, with A's seed).
         seed = "0" if name == "start" else "7"
         (tmp_path / f"{name}.val").unlink(missing_ok=True)
         assert cli_main(_args(tmp_path / name, *config(name), "--ckpt_path", "last", "--seed_everything", seed)) == 0
         resumed = (tmp_path / f"{name}.val").read_text().splitlines() if (tmp_path / f"{name}.val").exists() else []
-        failures += [f"{name}: {what}" for what in _differences(a, _ckpt(_last(tmp_path / name, 1)))]
+        failures += [f"{name}: {what}" for what in _differences(a, _ckpt(_last(tmp_path / name, 0)))]
         if not (killed == a_val[: len(killed)] and resumed == a_val[len(a_val) - len(resumed) :]
                 and len(killed) + len(resumed) >= len(a_val)):
             failures.append(f"{name}: validations {killed} then {resumed}, uninterrupted {a_val}")
@@ -255,7 +255,7 @@ def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_command_that_resu
     assert cli_main([*args, "--ckpt_path", "last"]) == 0
     assert cli_main(_args(tmp_path / "whole", "--config", str(_callbacks_config(tmp_path / "plain.yaml",
                                                                                   every_n_train_steps=500)))) == 0
-    assert _differences(_ckpt(_last(tmp_path / "whole", 0)), _ckpt(_last(tmp_path / "stopped", 1))) == []
+    assert _differences(_ckpt(_last(tmp_path / "whole", 0)), _ckpt(_last(tmp_path / "stopped", 0))) == []
 
 
 def test_a_second_sigterm_as_the_process_exits_keeps_the_exit_status_143(tmp_path, subprocess_env):

@@ -48,8 +48,8 @@ def test_last_after_a_finished_run_is_complete_and_passes_over_a_run_without_che
     with caplog.at_level("WARNING", logger="modelwright"):
         assert cli_main([*one_epoch, "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0
     assert "(version_1 of" in caplog.text and "wrote no checkpoint); resuming it" in caplog.text
-    assert _versions(tmp_path) == ["version_0", "version_1", "version_2"]
-    resumed = _checkpoint(tmp_path / "base" / "version_2" / "checkpoints" / "last.ckpt")
+    assert _versions(tmp_path) == ["version_0", "version_1"], "the resumed run goes on in its own folder"
+    resumed = _checkpoint(tmp_path / "base" / "version_0" / "checkpoints" / "last.ckpt")
     assert resumed["global_step"] == 8, "resumed version_0's 4 steps and trained epoch 1"
 
 
@@ -72,7 +72,7 @@ def test_resume_refuses_changed_arguments_naming_each_unless_allowed(tmp_path, c
         "modelwright.train.models.ResNet18" in line
     assert _versions(tmp_path) == ["version_0"], "a refused resume makes no version"
     assert cli_main([*changed, "--allow_resume_changes", "true"]) == 0
-    resumed = _checkpoint(tmp_path / "base" / "version_1" / "checkpoints" / "last.ckpt")
+    resumed = _checkpoint(tmp_path / "base" / "version_0" / "checkpoints" / "last.ckpt")
     assert resumed["hyper_parameters"]["lr"] == 0.1, "the given arguments, not the checkpoint's"
     assert resumed["datamodule_hyper_parameters"]["batch_size"] == 4
 
@@ -206,3 +206,64 @@ def test_a_fit_is_complete_at_either_limit_as_lightning_counts_them():
     assert completed(_fit_checkpoint(5, 160), {"max_steps": 200, "max_epochs": None}) is None  # epochs unlimited
     assert completed(_fit_checkpoint(999, 9), {"max_steps": -1, "max_epochs": None}) is None
     assert completed(_fit_checkpoint(1000, 9), {"max_steps": -1, "max_epochs": None}).startswith("epoch 1000 of")
+
+
+def test_last_after_a_killed_run_of_the_same_job_starts_it_afresh_in_its_folder(tmp_path, caplog):
+    """Issue 39. Before: version_0 finished, the same command was killed before its first checkpoint
+    (version_1: its config.yaml, no checkpoint); `last` took version_0's checkpoint, said "nothing to resume"
+    and exited 0: a requeued job reported success and its run was never done."""
+    one_epoch = fit_args(tmp_path, *SMALL, "--trainer.max_epochs", "1")
+    assert cli_main(one_epoch) == 0
+    killed = tmp_path / "base" / "version_1"
+    killed.mkdir()
+    (killed / "config.yaml").write_bytes((tmp_path / "base" / "version_0" / "config.yaml").read_bytes())
+    (killed / "record.json").write_text('{"status": "running"}')
+    with caplog.at_level("WARNING", logger="modelwright"):
+        assert cli_main([*one_epoch, "--ckpt_path", "last"]) == 0
+    assert f"ckpt_path: 'last' is {killed}, a run of this job that wrote no checkpoint; starting it afresh " \
+        "there" in caplog.text
+    assert _versions(tmp_path) == ["version_0", "version_1"], "the killed run's folder, not a new one"
+    assert _checkpoint(killed / "checkpoints" / "last.ckpt")["global_step"] == 4
+    assert json.loads((killed / "record.json").read_text())["status"] == "ok"
+
+
+def test_a_resume_continues_the_runs_own_folder_without_lightnings_dirpath_warning(tmp_path, recwarn):
+    """Issue 39. Before: each resume was a new version folder (TensorBoard showed two runs), and Lightning
+    warned "The dirpath has changed ... won't be reloaded" on every resume."""
+    assert cli_main(fit_args(tmp_path, *SMALL, "--trainer.max_epochs", "1")) == 0
+    run = tmp_path / "base" / "version_0"
+    first_record = json.loads((run / "record.json").read_text())
+    recwarn.clear()
+    assert cli_main(fit_args(tmp_path, *SMALL, "--trainer.max_epochs", "2", "--ckpt_path", "last")) == 0
+    about_checkpoints = [str(warning.message) for warning in recwarn if "irectory" in str(warning.message)
+                         or "dirpath" in str(warning.message)]
+    assert about_checkpoints == []
+    assert _versions(tmp_path) == ["version_0"]
+    assert _checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 8
+    assert json.loads((run / "record.1.json").read_text()) == first_record, "the first part's record kept"
+    assert json.loads((run / "record.json").read_text())["status"] == "ok"
+
+
+def test_a_checkpoint_copied_out_of_its_run_still_refuses_other_trainer_arguments(tmp_path, capfd):
+    """Issue 37. Before: the arguments were compared with the config.yaml beside the checkpoint, so a
+    bf16-mixed checkpoint copied elsewhere resumed under 32-true without a word."""
+    assert cli_main(fit_args(tmp_path, *SMALL, "--trainer.max_epochs", "1", "--trainer.precision",
+                             "bf16-mixed")) == 0
+    copied = tmp_path / "kept" / "model.ckpt"
+    copied.parent.mkdir()
+    copied.write_bytes((tmp_path / "base" / "version_0" / "checkpoints" / "last.ckpt").read_bytes())
+    capfd.readouterr()
+    resumed = fit_args(tmp_path, *SMALL, "--trainer.max_epochs", "2", "--ckpt_path", str(copied))
+    assert cli_main(resumed) == 2
+    (line,) = capfd.readouterr().err.strip().splitlines()
+    assert "trainer.precision: 'bf16-mixed' -> '32-true'" in line
+    assert _versions(tmp_path) == ["version_0"]
+
+
+def test_last_without_a_logger_says_it_needs_the_loggers_folder(tmp_path, capfd):
+    """Issue 37. Before: "ckpt_path: no checkpoint at last"."""
+    assert cli_main(fit_args(tmp_path, *SMALL, "--trainer.logger", "false", "--ckpt_path", "last")) == 2
+    (line,) = capfd.readouterr().err.strip().splitlines()
+    assert line == ("error: ckpt_path: 'last' is the newest checkpoint of the logger's runs "
+                    "(<save_dir>/<name>/version_N); with trainer.logger false there are none: name a "
+                    "checkpoint file")

@@ -1,4 +1,4 @@
-"""The checkpoints a run resumes from: ``--ckpt_path last`` resolved to the latest run's newest one; a
+"""The checkpoints a run resumes from: ``--ckpt_path last`` resolved to the latest run of the job; a
 checkpoint checked to be a whole Lightning checkpoint of this model before anything loads it; a finished fit
 told apart; and the arguments a resumed run may change (:data:`MAY_CHANGE_ON_RESUME`), all others compared
 with the checkpoint's run."""
@@ -38,25 +38,39 @@ def loadable(path: Path) -> bool:
 
 
 class LastCheckpoint(NamedTuple):
-    """What ``--ckpt_path last`` takes: the newest loadable checkpoint of the latest run that has one (None:
-    no run has one), and the later runs passed over because they have none."""
+    """What ``--ckpt_path last`` takes: the run it continues (None: none) and its newest loadable checkpoint
+    (None: the run wrote none, or there is no run), and the later runs passed over."""
 
     path: Path | None
+    run: Path | None
     skipped: list[Path]
 
 
-def find_last_checkpoint(log_root: Path) -> LastCheckpoint:
-    """The newest loadable ``last*.ckpt`` of the latest run (the highest ``version_N``) under ``log_root``
-    that wrote one. A later run that never wrote one (killed before its first, or refused) does not block a
-    requeued job: it is passed over, and named. ``path`` is None when no run has one: as with Lightning's
-    ``ckpt_path="last"``, the job starts afresh."""
+def find_last_checkpoint(log_root: Path, config: Mapping) -> LastCheckpoint:
+    """The latest run (the highest ``version_N``) under ``log_root`` that wrote a loadable ``last*.ckpt``,
+    with its newest one, or that is a run of this job (``config``, resolved: its saved config.yaml equal up to
+    :data:`MAY_CHANGE_ON_RESUME`) and wrote none: the same job killed before its first checkpoint, which
+    starts afresh in its folder. Other runs without a checkpoint (another job's killed run, a refused one) are
+    passed over, and named; a requeued job is never blocked by them. As with Lightning's
+    ``ckpt_path="last"``, no such run: the job starts afresh."""
     skipped = []
     for run in runs(log_root):
         candidates = [path for path in run.glob("checkpoints/last*.ckpt") if loadable(path)]
         if candidates:
-            return LastCheckpoint(max(candidates, key=lambda path: path.stat().st_mtime), skipped)
+            return LastCheckpoint(max(candidates, key=lambda path: path.stat().st_mtime), run, skipped)
+        saved = _saved_config(run / "config.yaml")
+        if saved and not _differences(_flat(saved), _flat(config)):
+            return LastCheckpoint(None, run, skipped)
         skipped.append(run)
-    return LastCheckpoint(None, skipped)
+    return LastCheckpoint(None, None, skipped)
+
+
+def run_of(checkpoint: Path, log_root: Path) -> Path | None:
+    """The ``version_N`` folder under ``log_root`` whose ``checkpoints/`` holds ``checkpoint``, or None."""
+    if checkpoint.parent.name != "checkpoints":
+        return None
+    run = checkpoint.resolve().parent.parent
+    return run if run in {path.resolve() for path in runs(log_root)} else None
 
 
 def _load(path: Path) -> Any:
@@ -162,12 +176,16 @@ def _flat(config: Mapping) -> dict[str, Any]:
     return flat
 
 
-def _runs_config(path: Path) -> dict:
-    """The resolved config LightningCLI saved beside the checkpoint's run (``version_N/config.yaml``), or
-    an empty one for a checkpoint kept elsewhere."""
+#: The checkpoint's key for its run's resolved config (train.cli.SaveConfigCallback puts it there): a
+#: checkpoint copied out of its run folder is compared with the arguments it was trained under all the same.
+CONFIG_KEY = "modelwright_config"
+
+
+def _saved_config(saved: Path) -> dict:
+    """The resolved config LightningCLI saved in a run's folder (``version_N/config.yaml``), or an empty one
+    where there is none."""
     import yaml
 
-    saved = path.parent.parent / "config.yaml"
     if not saved.is_file():
         return {}
     try:
@@ -180,12 +198,20 @@ def _runs_config(path: Path) -> dict:
 def resume_differences(checkpoint: Mapping, config: Mapping, path: str | Path) -> list[str]:
     """Each argument of ``config`` (the run about to resume, resolved) that differs from the checkpoint's
     run and may not change on resume, as ``key: before -> now``. The model's and data's come from the
-    checkpoint's hyperparameters, the rest from the run's saved config, where there is one."""
-    before = _flat(_runs_config(Path(path)))
-    for section, saved in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
-        hyperparameters = own_hyperparameters(checkpoint.get(saved))
+    checkpoint's hyperparameters, the rest from the config the checkpoint holds (:data:`CONFIG_KEY`), else
+    from the one its run saved beside it."""
+    saved = checkpoint.get(CONFIG_KEY)
+    if not isinstance(saved, Mapping):  # written before the checkpoint held it
+        saved = _saved_config(Path(path).parent.parent / "config.yaml")
+    before = _flat(saved)
+    for section, stored_as in (("model", "hyper_parameters"), ("data", "datamodule_hyper_parameters")):
+        hyperparameters = own_hyperparameters(checkpoint.get(stored_as))
         before.update({f"{section}.{key}": value for key, value in hyperparameters.items()})
-    now = _flat(config)
+    return _differences(before, _flat(config))
+
+
+def _differences(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Each key of both flat configs that differs and may not change on resume, as ``key: before -> now``."""
     differences = []
     for key in sorted(before.keys() & now.keys()):
         may_change = any(key == allowed or key.startswith(f"{allowed}.") for allowed in MAY_CHANGE_ON_RESUME)

@@ -144,8 +144,8 @@ def _resolve_last(config, resolved: dict) -> tuple[str | None, Path | None]:
         say(f"ckpt_path: 'last', but no run under {root} has a checkpoint; starting from the beginning")
         return None, None
     if last.path is None:
-        say(f"ckpt_path: 'last' is {last.run}, a run of this job that wrote no checkpoint; starting it afresh "
-            f"there{passed_over}")
+        say(f"ckpt_path: 'last' is {last.run}, a run of this job that wrote no checkpoint; starting it "
+            f"afresh there{passed_over}")
         return None, last.run
     found = f"'last' is {last.path}{passed_over}"
     if last.skipped:
