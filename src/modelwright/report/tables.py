@@ -309,6 +309,6 @@ def cost_table(row: Row, devices: Sequence[int] = (1, 8, 512)) -> str | None:
     notes = (f"GPU rows are estimates: {sig(flops / batch / 1e9)} GFLOP per sample (counted in the "
              f"`{row.name}` record) at {pct(rate.mfu)} of the GPU's bf16 datasheet peak (airbench's "
              "ResNet-18 on one A100; the same MFU assumed on the H100), the planner's data-parallel "
-             f"efficiency, and the low end of each listing ({PRICE_SOURCE}). This machine's full training is "
+             f"efficiency, and the low end of each listing: {PRICE_SOURCE}. This machine's full training is "
              "its measured epoch's rate scaled to the samples.")
     return table(header, body, "lrrrrrr") + f"\n\n{notes}"
