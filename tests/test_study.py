@@ -3,6 +3,7 @@ group, and a tiny study end to end (smallcnn, batch 8, child processes)."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -19,8 +20,9 @@ import yaml
 from modelwright import REPO_ROOT, planner
 from modelwright import __main__ as cli
 from modelwright.errors import ConfigError
-from modelwright.record import append_record, build_record, get_path, read_records
+from modelwright.record import ANATOMY_KEYS, append_record, build_record, get_path, read_records
 from modelwright.study import budget, plan, runner
+from modelwright.study import study as study_command
 from modelwright.study_rows import peak_mib
 
 SLUG = "cpu-test-2cores"
@@ -648,3 +650,168 @@ def test_a_scratch_study_leaves_the_readme_alone_unless_asked(tmp_path, monkeypa
     assert asked == tmp_path / "README.md"
     own = _report_readme(tmp_path, monkeypatch, "--results", str(tmp_path / "results"))
     assert own == tmp_path / "README.md", "the project's own results folder fills the project's README"
+
+
+# -- every flag of the study command, at a valid value -------------------------------------------------------
+
+FLAG_PLAN = """\
+model: smallcnn
+warmup_steps: 1
+measured_steps: 2
+repeats: 1
+budget: {gib: 0.05, runs: [baseline]}
+runs:
+  - name: baseline
+    config: configs/baseline.yaml
+  - name: slower
+    config: configs/baseline.yaml
+    overrides: {model.lr: 0.001}
+"""
+
+
+class FlagOutcome(NamedTuple):
+    """What a study with fake children did: each child's arguments, timeout and callbacks file; the records;
+    what the report was handed."""
+
+    root: Path
+    status: int
+    children: list[dict]
+    reports: list[dict]
+
+    def records(self, slug: str = SLUG, results: str = "results", job: str = "") -> list[dict]:
+        path = self.root / results / slug / job / "records.jsonl"
+        return read_records(path) if path.is_file() else []
+
+    def child_args(self, name: str) -> list[str]:
+        return next(child["args"] for child in self.children if f"/{name}-" in child["args"][-1])
+
+
+def _fake_children(monkeypatch, children: list[dict], status: str = "ok") -> None:
+    """Children that write a record of ``status`` at once (peak: 20 MiB + 1 MiB a sample) and train nothing;
+    each call's arguments, timeout and callbacks file are kept."""
+    def fake_child(args, log_path, env, timeout_s, tick):
+        run_dir = log_path.parent
+        callbacks = yaml.safe_load((run_dir / "callbacks.yaml").read_text())["trainer"]["callbacks"]
+        batches = [int(arg.split("=")[1]) for arg in args if arg.startswith("--data.batch_size=")]
+        children.append({"args": [*args, str(run_dir)], "timeout_s": timeout_s, "callbacks": callbacks})
+        log_path.write_text("")
+        error = None if status == "ok" else f"{status}: by hand"
+        record = _fake_record(batches[-1], 1, 1.0, status=status, error=error)
+        record["memory"]["anatomy_mib"] = {key: 0.0 for key in ANATOMY_KEYS} | record["memory"]["anatomy_mib"]
+        (run_dir / "record.json").write_text(json.dumps(record))
+        return runner.ChildResult(0, False, 0.1)
+
+    monkeypatch.setattr(runner, "run_child", fake_child)
+
+
+def _flag_study(tmp_path: Path, monkeypatch, *extra: str, before: str | None = None) -> FlagOutcome:
+    """The study of FLAG_PLAN with ``extra`` flags (after the test's own: later ones win), its children faked,
+    its predictions by hand and its report caught; ``before``: a first study whose runs end with that status."""
+    import modelwright.study as study_module
+
+    _write(tmp_path / "plan.yaml", FLAG_PLAN)
+    monkeypatch.setattr(planner.memory, "rehearsal", lambda config: _FakeRehearsal())
+    reports: list[dict] = []
+    monkeypatch.setattr(study_module, "generate", lambda folder, readme, allow_mixed: reports.append(
+        {"folder": Path(folder), "readme": readme, "allow_mixed": allow_mixed}) or [])
+    base = [*_args(tmp_path)[:-2], "--readme", str(tmp_path / "README.md")]
+    _write(tmp_path / "README.md", "<!-- results:start -->\n<!-- results:end -->\n")
+    if before:
+        _fake_children(monkeypatch, [], status=before)
+        assert cli.main(base) == (0 if before == "ok" else 1)  # 1: every run failed
+        reports.clear()
+    children: list[dict] = []
+    _fake_children(monkeypatch, children)
+    status = cli.main([*base, *extra])
+    return FlagOutcome(tmp_path, status, children, reports)
+
+
+def _monitor(child: dict) -> dict:
+    return next(c["init_args"] for c in child["callbacks"] if c["class_path"].endswith("RunMonitor"))
+
+
+def _kinds(records: list[dict]) -> list[tuple[str, str]]:
+    return sorted((record["study"]["name"], record["study"]["kind"]) for record in records)
+
+
+def _job_flag(tmp_path: Path) -> list[str]:
+    job = _write(tmp_path / "job.yaml", "trainer:\n  logger:\n    init_args:\n      name: my-job\n")
+    return ["--config", str(job)]
+
+
+#: Every flag of ``python -m modelwright study``: a valid value other than the test's own, and what it must
+#: change, checked on the study's children, records and report (``before``: the status of a first study's runs).
+FLAGS = {
+    "job": (_job_flag, lambda out: len(out.records(job="my-job")) == len(out.children) > 0
+            and all("--config" in child["args"] and str(out.root / "job.yaml") in child["args"]
+                    for child in out.children)),
+    "plan": (lambda tmp: ["--plan", str(_write(tmp / "other.yaml", FLAG_PLAN.replace("slower", "other")))],
+             lambda out: {name for name, _ in _kinds(out.records())} == {"baseline", "other"}),
+    "only": (lambda tmp: ["--only", "[slower]"],
+             lambda out: _kinds(out.records()) == [("slower", "epoch"), ("slower", "run")]),
+    "model": (lambda tmp: ["--model", "vit"],
+              lambda out: "--model.network=modelwright.train.models.SmallViT" in out.child_args("baseline")),
+    "accelerator": (lambda tmp: ["--accelerator", "auto"],
+                    lambda out: out.children and not any("--trainer.accelerator" in arg
+                                                         for child in out.children for arg in child["args"])),
+    "warmup_steps": (lambda tmp: ["--warmup_steps", "3"],
+                     lambda out: {_monitor(child)["warmup_steps"] for child in out.children} == {3}
+                     and {record["study"]["warmup_steps"] for record in out.records()} == {3}),
+    "steps": (lambda tmp: ["--steps", "4"],
+              lambda out: {r["study"]["measured_steps"] for r in out.records() if r["study"]["kind"] == "run"}
+              == {4}),
+    "repeats": (lambda tmp: ["--repeats", "2"],
+                lambda out: sorted(r["study"]["repeat"] for r in out.records()
+                                   if r["study"]["kind"] == "run") == [0, 0, 1, 1]),
+    "val_batches": (lambda tmp: ["--val_batches", "2"],
+                    lambda out: "--trainer.limit_val_batches=2" in out.child_args("baseline")),
+    "overrides": (lambda tmp: ["--overrides", json.dumps({**TINY, "data.batch_size": 4})],
+                  lambda out: "--data.batch_size=4" in out.child_args("slower")),
+    "budget_gib": (lambda tmp: ["--budget_gib", "0.04"],  # 40.96 MiB: batch 20 (40 MiB) fits, 21 does not
+                   lambda out: [(r["techniques"]["micro_batch_size"], r["study"]["budget_mib"])
+                                for r in out.records() if r["study"]["kind"] == "budget"]
+                   == [(20, 0.04 * 1024), (21, 0.04 * 1024)]),
+    "budget": (lambda tmp: ["--budget", "false"],
+               lambda out: out.records() and all(r["study"]["kind"] != "budget" for r in out.records())),
+    "results": (lambda tmp: ["--results", str(tmp / "elsewhere")],
+                lambda out: len(out.records(results="elsewhere")) == len(out.children) > 0
+                and out.reports[0]["folder"] == out.root / "elsewhere" / SLUG),
+    "slug": (lambda tmp: ["--slug", "cpu-other"],
+             lambda out: len(out.records(slug="cpu-other")) == len(out.children) > 0 and not out.records()),
+    "workdir": (lambda tmp: ["--workdir", str(tmp / "runs")],
+                lambda out: out.children and all(child["args"][-1].startswith(str(out.root / "runs" / SLUG))
+                                                 for child in out.children)),
+    "readme": (lambda tmp: ["--readme", str(_write(tmp / "OTHER.md", "<!-- results:start -->\n"))],
+               lambda out: [str(report["readme"]) for report in out.reports] == [str(out.root / "OTHER.md")]),
+    "report": (lambda tmp: ["--report", "false"], lambda out: out.children and out.reports == []),
+    "allow_mixed": (lambda tmp: ["--allow_mixed", "true"],
+                    lambda out: [report["allow_mixed"] for report in out.reports] == [True]),
+    # 6 runs: 2 timed, 2 epochs, the budget's batch (31: 51 MiB of 51.2) and one over it (33)
+    "rerun": (lambda tmp: ["--rerun", "true"], lambda out: len(out.children) == 6 and len(out.records()) == 12),
+    # the first study's 4 runs, all oom (no epoch of a run whose timed runs failed); all 6 now, none without
+    "retry_failed": (lambda tmp: ["--retry_failed", "true"],
+                     lambda out: len(out.children) == 6
+                     and [r["status"] for r in out.records()] == ["oom"] * 4 + ["ok"] * 6),
+    "run_timeout_s": (lambda tmp: ["--run_timeout_s", "30"],
+                      lambda out: {child["timeout_s"] for child in out.children} == {30.0}),
+    "predict": (lambda tmp: ["--predict", "false"],
+                lambda out: out.children and not (out.root / "results" / SLUG / "predictions.jsonl").exists()),
+    "epochs": (lambda tmp: ["--epochs", "false"],
+               lambda out: _kinds(out.records()) == [("baseline", "budget")] * 2 + [("baseline", "run"),
+                                                                                   ("slower", "run")]),
+    "dry_run": (lambda tmp: ["--dry_run", "true"], lambda out: out.children == [] and out.records() == []),
+}
+#: The flags whose check needs a first study: what it left, by the status of its runs.
+BEFORE = {"rerun": "ok", "retry_failed": "oom"}
+
+
+@pytest.mark.parametrize("flag", list(inspect.signature(study_command).parameters))
+def test_every_study_flag_runs_at_a_valid_value(flag, tmp_path, monkeypatch):
+    """Generated from the study function's signature, so that a new flag cannot be left out: each one, given a
+    valid value, runs (``--warmup_steps 1`` once crashed writing the run's callbacks file: jsonargparse's
+    NonNegativeInt is no int to yaml.safe_dump) and changes what it says it changes."""
+    assert flag in FLAGS, f"study's --{flag} has no case in FLAGS"
+    make_args, check = FLAGS[flag]
+    outcome = _flag_study(tmp_path, monkeypatch, *make_args(tmp_path), before=BEFORE.get(flag))
+    assert outcome.status == 0
+    assert check(outcome), outcome.children[:1]

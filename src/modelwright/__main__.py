@@ -8,6 +8,7 @@ import argparse
 import importlib
 import inspect
 import json
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -16,7 +17,7 @@ from typing import Any
 from jsonargparse import auto_parser
 
 from modelwright import importable_working_folder, repo_path, resolve_config_args
-from modelwright.errors import ConfigError, one_line
+from modelwright.errors import ConfigError, one_line, require
 from modelwright.inputs import require_creatable_folder, require_file, require_folder
 
 #: tool → the module whose function of the tool's name it runs.
@@ -128,7 +129,19 @@ def run_tool(name: str, argv: list[str]) -> Any:
     check_paths(name, parsed)
     arguments = vars(parser.instantiate(parsed))
     arguments.pop("config", None)
-    return function(**arguments)
+    return function(**{key: _plain(key, value) for key, value in arguments.items()})
+
+
+def _plain(key: str, value: Any) -> Any:
+    """A number as a plain ``int`` or ``float``, finite: jsonargparse's ``PositiveInt`` and the like are
+    subclasses that ``yaml.safe_dump`` cannot write (a study's run files), and ``1e999`` passes
+    ``PositiveFloat``."""
+    if isinstance(value, float):
+        require(math.isfinite(value), f"{key}: must be a finite number, got {value}")
+        return float(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return int(value)
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
