@@ -89,6 +89,9 @@ _GPU_PEAKS: tuple[tuple[str, dict[str, float]], ...] = (
      {"float64": 33.5e12, "float32": 66.9e12, "tf32": 494.7e12, "bfloat16": 989.4e12, "float16": 989.4e12}),
     (r"a100", {"float64": 9.7e12, "float32": 19.5e12, "tf32": 156e12, "bfloat16": 312e12, "float16": 312e12}),
     (r"\bl4\b", {"float32": 30.3e12, "tf32": 60e12, "bfloat16": 121e12, "float16": 121e12}),
+    # V100's datasheet: PCIe and V100S PCIe boards run at other clocks than the SXM2 one
+    (r"v100s", {"float64": 8.2e12, "float32": 16.4e12, "float16": 130e12}),
+    (r"v100-pcie", {"float64": 7e12, "float32": 14e12, "float16": 112e12}),
     (r"v100", {"float64": 7.8e12, "float32": 15.7e12, "float16": 125e12}),
     (r"\bt4\b", {"float32": 8.1e12, "float16": 65e12}),
 )
