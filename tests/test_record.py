@@ -128,6 +128,23 @@ def test_invalid_records_are_reported(mutate, message):
         check_record(record)
 
 
+#: Every status of the schema, and whether a record of it must carry its one-line error (RunRecord.error: every
+#: status but ok; a diverged run's may be set; a running one has not ended).
+STATUSES = {"ok": False, "running": False, "diverged": False, "failed": True, "interrupted": True, "oom": True}
+SCHEMA_STATUSES = next(meta["choices"] for key, meta, *_ in schema_fields(RunRecord) if key == "status")
+
+
+@pytest.mark.parametrize("status", SCHEMA_STATUSES)
+def test_every_status_and_whether_it_must_carry_an_error(status):
+    assert set(STATUSES) == set(SCHEMA_STATUSES), "a new status: say here whether it must carry an error"
+    needs_error = STATUSES[status]
+    for missing in (None, ""):
+        errors = validate_record({**_full_record(), "status": status, "error": missing})
+        expected = [f"error: status {status!r} needs a one-line error message"] if needs_error else []
+        assert errors == expected
+    assert validate_record({**_full_record(), "status": status, "error": "RuntimeError: by hand"}) == []
+
+
 def test_write_record_is_atomic_and_refuses_invalid_records(tmp_path):
     path = tmp_path / "runs" / "record.json"
     record = _full_record()

@@ -321,6 +321,30 @@ def test_resume_reads_past_a_torn_last_line(tmp_path):
     assert set(study.done) == {("a", "run", "h1", 0)}
 
 
+#: Whether a study runs a recorded run again, by its record's status: (plainly, with --retry_failed, --rerun).
+#: An interrupted run is no result; a running one was killed with the study.
+RUNS_AGAIN = {"ok": (False, False, True), "diverged": (False, False, True), "failed": (False, True, True),
+              "oom": (False, True, True), "interrupted": (True, True, True), "running": (True, True, True)}
+
+
+@pytest.mark.parametrize("status", RUNS_AGAIN)
+def test_which_recorded_runs_a_study_runs_again(status, tmp_path):
+    from modelwright.record import RunRecord, schema_fields
+
+    statuses = next(meta["choices"] for key, meta, *_ in schema_fields(RunRecord) if key == "status")
+    assert set(RUNS_AGAIN) == set(statuses), "a new status: say here whether a study runs it again"
+    record = build_record(run_id="r1", status=status, error=None if status == "ok" else "RuntimeError: x")
+    record["study"] = {"name": "a", "kind": "run", "config_hash": "h1", "repeat": 0}
+    append_record(tmp_path / SLUG / "records.jsonl", record)
+    spec = plan.RunSpec("a", "run", 0, 0, None, {}, {}, "h1", 2)
+    again = []
+    for flags in ({}, {"retry_failed": True}, {"rerun": True}):
+        study = runner.Study(plan.Plan("p", [plan.Entry("a", None)]), _settings(), tmp_path / SLUG, tmp_path,
+                             **flags)
+        again.append(study.recorded(spec) is None)
+    assert tuple(again) == RUNS_AGAIN[status]
+
+
 # -- the command: order of repeats, the lock, no orphans -----------------------------------------------------
 
 TINY_PLAN = """\
