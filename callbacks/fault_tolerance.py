@@ -8,6 +8,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -18,32 +19,53 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from callbacks import _lightning
 
 
+#: A second SIGINT this soon after the first is the same Ctrl-C delivered twice: ``uv run`` (or a launcher)
+#: forwards to its child the SIGINT that the whole process group already got.
+SAME_SIGNAL_WINDOW_S = 1.0
+
+
 class _StopSignals:
     """This process's handler of SIGTERM and SIGINT while a fit runs (signals are process-wide): the first one
     asks the fit to stop; outside a fit, the handlers that were there before decide."""
 
     def __init__(self) -> None:
         self.received: int | None = None  # the first stop signal of the current fit
+        self.received_at = 0.0  # when, by time.monotonic()
         self.fitting = False
         self.previous: dict[int, object] = {}
 
     def install(self) -> None:
+        """This handler; the first install of a fit keeps the handlers from before it, for :meth:`restore`
+        (never Lightning's, which holds this one: a SIGTERM would go round between them)."""
         if threading.current_thread() is not threading.main_thread():  # where Python can set a handler
             return
         for signum in (signal.SIGTERM, signal.SIGINT):
             current = signal.getsignal(signum)
-            if current is not self.handle:
+            if signum not in self.previous and current is not self.handle:
                 self.previous[signum] = current
             signal.signal(signum, self.handle)
+
+    def restore(self) -> None:
+        """The handlers from before the fit, back in place: the next fit installs afresh."""
+        self.fitting = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, handler in self.previous.items():
+            if handler is not None:  # None: set outside Python, cannot be put back
+                signal.signal(signum, handler)
+        self.previous.clear()
 
     def handle(self, signum: int, frame: object) -> None:
         if not self.fitting and self.received is None:
             return self._previous(signum, frame)
         if self.received == signal.SIGINT and signum == signal.SIGINT:
+            if time.monotonic() - self.received_at < SAME_SIGNAL_WINDOW_S:
+                return None  # the same Ctrl-C, delivered twice
             raise KeyboardInterrupt  # a second Ctrl-C: stop at once (Lightning's own shutdown)
         if self.received is not None:
             return None  # already stopping: a second SIGTERM (a scheduler's reminder) changes nothing
         self.received = signum
+        self.received_at = time.monotonic()
         name = "Ctrl-C" if signum == signal.SIGINT else "SIGTERM"
         again = "; press Ctrl-C again to stop at once" if signum == signal.SIGINT else ""
         print(f"\n{name}: stopping after the optimizer step in flight, with a checkpoint{again}",
@@ -100,7 +122,7 @@ class GracefulStop(Callback):
         _STOP.install()
 
     def teardown(self, trainer, pl_module, stage) -> None:
-        _STOP.fitting = False  # a fit that ended: the handlers from before decide again
+        _STOP.restore()  # after Lightning's teardown put back its own predecessor, ours
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._in_step = True

@@ -97,18 +97,21 @@ class SleepAt(Callback):
 
 
 class SignalAt(Callback):
-    """After ``step`` optimizer steps (at ``on_train_batch_end``), send ``signum`` (default SIGTERM) to this process."""
+    """After ``step`` optimizer steps (at ``on_train_batch_end``), send ``signum`` (default SIGTERM) to this process,
+    ``times`` times back to back (``uv run`` forwards a Ctrl-C that its process group already got)."""
 
-    def __init__(self, step: int, signum: int = int(signal.SIGTERM)) -> None:
+    def __init__(self, step: int, signum: int = int(signal.SIGTERM), times: int = 1) -> None:
         super().__init__()
         self.step = step
         self.signum = signum
+        self.times = times
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if trainer.global_step == self.step:
-            os.kill(os.getpid(), self.signum)
+            for _ in range(self.times):
+                os.kill(os.getpid(), self.signum)
 
 
 class SignalAtExit(Callback):

@@ -230,7 +230,7 @@ def test_sigterm_saves_a_checkpoint_exits_143_and_is_recorded_interrupted(tmp_pa
 def signal_handlers():
     """The process's SIGTERM and SIGINT handlers as they were, put back after the test."""
     saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
-    yield
+    yield saved
     for signum, handler in saved.items():
         signal.signal(signum, handler)
 
@@ -397,3 +397,40 @@ def test_ddp_rank_failure_ends_the_job_nonzero_in_bounded_time(tmp_path, subproc
     assert proc.returncode != 0
     assert "injected failure on rank 1 at step 2" in proc.stderr
     assert ended_after_s < 60, f"the job ended {ended_after_s:.0f} s after rank 1 failed"
+
+
+def test_sigterm_after_several_fits_reaches_the_handler_from_before_them(tmp_path, signal_handlers):
+    """Issue 39. Before: each fit chained the stop handler to Lightning's, which held the stop handler: a
+    SIGTERM after the fits went round between them until a RecursionError."""
+    received = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    for run in ("first", "second"):
+        assert cli_main(_args(tmp_path / run, "--trainer.max_steps", "1")) == 0
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert received == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGINT) is signal_handlers[signal.SIGINT], "Ctrl-C's handler put back too"
+
+
+def test_a_ctrl_c_delivered_twice_at_once_stops_as_one(tmp_path, capsys, signal_handlers):
+    """Issue 39. Before: under `uv run` without a terminal, uv forwarded the SIGINT the process group had already
+    got; the run saw a second Ctrl-C at once and stopped hard: exit 1, no checkpoint."""
+    twice = {"class_path": "faults.SignalAt", "init_args": {"step": 2, "signum": int(signal.SIGINT), "times": 2}}
+    config = _callbacks_config(tmp_path / "callbacks.yaml", every_n_train_steps=500, extra=(twice,))
+    with pytest.raises(SystemExit) as stopped:
+        cli_main(_args(tmp_path, "--config", str(config), "--trainer.max_epochs", "1"))
+    assert stopped.value.code == 130, "128 + SIGINT, as for one Ctrl-C"
+    assert capsys.readouterr().err.count("Ctrl-C: stopping after the optimizer step in flight") == 1
+    assert _ckpt(_last(tmp_path, 0))["global_step"] == 3, "stopped after the step in flight, with a checkpoint"
+
+
+def test_a_second_ctrl_c_a_moment_later_still_stops_at_once(monkeypatch):
+    """The window that merges a doubled delivery leaves the second Ctrl-C a person presses to stop at once."""
+    from callbacks import fault_tolerance
+
+    stop = fault_tolerance._StopSignals()
+    stop.fitting = True
+    clock = iter([100.0, 100.0 + fault_tolerance.SAME_SIGNAL_WINDOW_S + 0.1])
+    monkeypatch.setattr(fault_tolerance.time, "monotonic", lambda: next(clock))
+    stop.handle(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt):
+        stop.handle(signal.SIGINT, None)
