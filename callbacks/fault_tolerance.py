@@ -18,7 +18,6 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from callbacks import _lightning
 
-
 #: A second SIGINT this soon after the first is the same Ctrl-C delivered twice: ``uv run`` (or a launcher)
 #: forwards to its child the SIGINT that the whole process group already got.
 SAME_SIGNAL_WINDOW_S = 1.0
