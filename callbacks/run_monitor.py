@@ -79,6 +79,8 @@ class RunMonitor(Callback):
                  log_every_n_steps: int | None = None, summary: bool = True) -> None:
         super().__init__()
         quiet_lightning()  # before the Trainer exists: its adverts come from its constructor
+        if log_every_n_steps is not None and log_every_n_steps < 1:  # 0 once logged every step unsaid
+            raise ValueError(f"log_every_n_steps: must be >= 1 or null, got {log_every_n_steps}")
         self.probe = measure.StepProbe(warmup_steps, measure_steps, anatomy, anatomy_step, cuda_timing,
                                        peak_flops_per_s, on_nonfinite, max_skipped_steps)
         self.record_path = record_path

@@ -266,6 +266,95 @@ def test_a_refused_run_prints_none_of_lightnings_startup_lines(tmp_path, subproc
     assert done.stdout == "" and not list(tmp_path.iterdir())
 
 
+#: Every numeric key of a training config, at its bounds: (values just inside, accepted; values just outside,
+#: refused naming the key). The keys come from the sections' own lists (the fields of ModelArgs, DataArgs and
+#: TrainerArgs, RunMonitor's arguments), so a new one without bounds here fails the test.
+BOUNDS = {
+    "model.num_classes": ([2, None], [1, 0]),
+    "model.lr": ([1e-9, 10.0], [0.0, -1e-9]),
+    "model.momentum": ([0.0, 0.999], [-1e-9, 1.0]),
+    "model.weight_decay": ([0.0, 1.0], [-1e-9]),
+    "model.label_smoothing": ([0.0, 0.999], [-1e-9, 1.0]),
+    "data.batch_size": ([1], [0]),
+    "data.num_workers": ([0], [-1]),
+    "data.train_size": ([1], [0]),
+    "data.val_size": ([1], [0]),
+    "data.noise": ([0.0], [-1e-9]),
+    "data.seed": ([0, -1, 2**32], []),  # any integer: the synthetic set's generator seed
+    "data.image_size": ([1], [0]),
+    "data.channels": ([1], [0]),
+    "trainer.accumulate_grad_batches": ([1], [0]),
+    "trainer.max_epochs": ([None, -1, 1], [0, -2]),
+    "trainer.max_steps": ([-1, 1], [0, -2]),
+    "trainer.limit_train_batches": ([None, 1, 0.01, 1.0, 2.0], [0, 0.0, -1, 1.5]),
+    "trainer.limit_val_batches": ([None, 0, 0.0, 1.0, 2], [-1, 1.5]),
+    "trainer.check_val_every_n_epoch": ([None, 1], [0]),
+    "trainer.val_check_interval": ([1, 0.01, 1.0, 2.0], [0, 0.0, -1, 1.5]),
+    "trainer.log_every_n_steps": ([1], [0]),
+    "trainer.gradient_clip_val": ([None, 0, 0.0], [-1e-9]),
+    "trainer.devices": ([1, -1, "auto", [0], "0,"], [0, -2, [], "0"]),
+    "trainer.num_nodes": ([1], [0]),
+    "trainer.num_sanity_val_steps": ([None, -1, 0, 2], [-2]),  # -1: every validation batch
+    "run_monitor.warmup_steps": ([0], [-1]),
+    "run_monitor.measure_steps": ([None, 1], [0]),
+    "run_monitor.anatomy_step": ([None, 0], [-1]),
+    "run_monitor.peak_flops_per_s": ([None, 1e-9], [0.0, -1.0]),
+    "run_monitor.max_skipped_steps": ([None, 0], [-1]),
+    "run_monitor.log_every_n_steps": ([None, 1], [0]),
+}
+#: Numeric by type, but a name from a table (refused by name: "unknown precision" above).
+NAMED = {"trainer.precision"}
+
+
+def _numeric_keys() -> list[str]:
+    import typing
+    from dataclasses import fields
+
+    from callbacks.run_monitor import RunMonitor
+    from modelwright.train.args import DataArgs, ModelArgs, TrainerArgs
+
+    def numeric(hint) -> bool:
+        return bool({int, float} & set(typing.get_args(hint) or (hint,)))
+
+    keys = []
+    for section, cls in (("model", ModelArgs), ("data", DataArgs), ("trainer", TrainerArgs)):
+        hints = typing.get_type_hints(cls)
+        keys += [f"{section}.{field.name}" for field in fields(cls) if numeric(hints[field.name])]
+    hints = typing.get_type_hints(RunMonitor.__init__)
+    return keys + [f"run_monitor.{name}" for name, hint in hints.items() if name != "return" and numeric(hint)]
+
+
+def _check_value(key: str, value) -> None:
+    """``value`` for ``key`` through the check that ``main.py fit`` and the Accelerate loop run for it."""
+    from dataclasses import asdict
+
+    from callbacks.run_monitor import RunMonitor
+    from modelwright.train.args import DataArgs, ModelArgs, TrainerArgs
+    from modelwright.train.checks import check_trainer
+
+    section, name = key.split(".", 1)
+    if section == "model":
+        ModelArgs(**{name: value})
+    elif section == "data":
+        DataArgs(**{name: value})
+    elif section == "trainer":
+        check_trainer({**asdict(TrainerArgs()), "max_steps": 10, name: value})
+    else:
+        RunMonitor(**{name: value})
+
+
+@pytest.mark.parametrize("key", [key for key in _numeric_keys() if key not in NAMED])
+def test_every_numeric_key_at_its_bounds(key):
+    assert key in BOUNDS, f"{key}: a numeric key with no bounds in BOUNDS"
+    valid, invalid = BOUNDS[key]
+    for value in valid:
+        _check_value(key, value)
+    for value in invalid:
+        with pytest.raises(ValueError) as refused:  # a ConfigError; RunMonitor's own are ValueErrors
+            _check_value(key, value)
+        assert key.removeprefix("run_monitor.") in str(refused.value), (value, str(refused.value))
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
