@@ -185,8 +185,10 @@ def inputs(tmp_path_factory) -> Path:
     texts = {"broken.yaml": "model: [unclosed\n", "duplicated.yaml": "model:\n  lr: 0.1\n  lr: 0.2\n",
              "empty.yaml": "", "null_trainer.yaml": "trainer: null\n", "list.yaml": "- model\n",
              "typo.yaml": "model:\n  model_nam: smallcnn\n", "nan.yaml": "model:\n  weight_decay: .nan\n",
-             "inf_callback.yaml": "trainer:\n  callbacks:\n    - class_path: callbacks.progress_bar.ThrottledProgressBar"
-                                  "\n      init_args: {min_interval_s: .inf}\n", "a-file": "a file where a folder should be\n",
+             "inf_callback.yaml": "trainer:\n  callbacks:\n    - class_path: "
+                                  "callbacks.progress_bar.ThrottledProgressBar\n"
+                                  "      init_args: {min_interval_s: .inf}\n",
+             "a-file": "a file where a folder should be\n",
              "plan.yaml": "model: smallcnn\nruns:\n  - {name: baseline, config: configs/baseline.yaml}\n",
              "twice.yaml": "runs:\n  - {name: a}\nruns:\n  - {name: b}\n"}
     for name, text in texts.items():

@@ -17,7 +17,8 @@ CIFAR10_TRAIN_IMAGES = 50_000
 #: Environment variables of the launchers that start a multi-node job and tell each process where its peers
 #: meet: torchrun, SLURM, LSF; or a hand launch's NODE_RANK beside MASTER_ADDR.
 _LAUNCHER_VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_NTASKS", "LSB_JOBID")
-#: The smallest value of each key that still trains (None: the key may be unset); num_sanity_val_steps -1: all.
+#: The smallest value of each key that still trains (None: the key may be unset; num_sanity_val_steps
+#: -1: every validation batch).
 _LOWEST = (("accumulate_grad_batches", 1), ("check_val_every_n_epoch", 1), ("log_every_n_steps", 1),
            ("gradient_clip_val", 0), ("min_epochs", 0), ("num_nodes", 1), ("num_sanity_val_steps", -1))
 
