@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 
 import pytest
@@ -99,3 +100,45 @@ def test_image_transforms_stay_out_of_the_memory_trackers_module_hooks(tmp_path,
     finally:
         handle.remove()
     assert out.shape == (3, 8, 8) and seen == []
+
+
+def test_a_cifar10_download_without_network_is_one_line_and_leaves_nothing(tmp_path, monkeypatch, capfd):
+    """Issue 39. Before: a chained traceback ending in URLError, a version folder holding a failed record, an
+    empty data folder."""
+    import urllib.error
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    data = tmp_path / "data"
+    args = fit_args(tmp_path / "logs", "--data.dataset", "cifar10", "--data.data_dir", str(data),
+                    "--data.download", "true", "--model.network", "SmallCNN")
+    assert cli_main(args) == 2
+    (line,) = capfd.readouterr().err.strip().splitlines()
+    assert line.startswith("error: data.download: CIFAR-10 could not be downloaded (")
+    assert "Temporary failure in name resolution" in line and "cifar-10-python.tar.gz" in line
+    assert not data.exists(), "the folder the download made is gone"
+    assert not list((tmp_path / "logs").glob("*/version_*")), "no run folder"
+
+
+def test_a_downloaded_cifar10_archive_in_data_dir_needs_no_network(tmp_path, monkeypatch):
+    """The README's offline way: cifar-10-python.tar.gz put in data.data_dir, then --data.download true."""
+    import tarfile
+    import urllib.request
+
+    from torchvision.datasets import CIFAR10
+
+    md5s = write_tiny_cifar10(tmp_path / "made", per_batch=8)
+    trust_fixture(monkeypatch, md5s)
+    archive = tmp_path / "data" / "cifar-10-python.tar.gz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "made" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    monkeypatch.setattr(CIFAR10, "tgz_md5", hashlib.md5(archive.read_bytes()).hexdigest())
+    monkeypatch.setattr(urllib.request, "urlopen", None)  # no network: any use of it fails
+    data = ImageDataModule(dataset="cifar10", data_dir=str(archive.parent), download=True, train_size=100)
+    data.prepare_data()
+    data.setup()
+    assert len(data.train_set) == 40

@@ -343,6 +343,8 @@ class ModelwrightCLI(LightningCLI):
     def after_instantiate_classes(self) -> None:
         config = self.run_config
         check_data(self.model, self.datamodule)
+        if isinstance(self.datamodule, ImageDataModule) and self.trainer.local_rank == 0:
+            self.datamodule.prepare_data()  # a download that fails leaves no run folder
         if self.continued_run is not None:
             _keep_earlier_record(self.continued_run)
         # Now that the Trainer knows how many processes there are: a run that would train nothing.

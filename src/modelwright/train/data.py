@@ -8,7 +8,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from modelwright.train.args import DataArgs, ImageFolderArgs, from_hparams, image_classes
-from modelwright.train.datasets import image_datasets, image_folder_datasets, image_loader
+from modelwright.train.datasets import download_cifar10, image_datasets, image_folder_datasets, image_loader
 from modelwright.train.resume import ResumableDataLoader, ResumableRandomSampler
 
 
@@ -92,10 +92,13 @@ class ImageDataModule(_ResumableImages):
         super().__init__()
         self.save_hyperparameters()
         self.args = from_hparams(DataArgs, self.hparams)  # checks the values
+        self.prepared = False
 
     def prepare_data(self) -> None:
-        if self.args.dataset == "cifar10" and self.args.download:
-            image_datasets(self.args, download=True)
+        """CIFAR-10 downloaded, once (the CLI calls this before the fit makes a run folder, then the fit)."""
+        if self.args.dataset == "cifar10" and self.args.download and not self.prepared:
+            download_cifar10(self.args)
+        self.prepared = True
 
     def setup(self, stage: str | None = None) -> None:
         if self.train_set is None:

@@ -7,6 +7,7 @@ classes within a few dozen steps, so ``val/acc`` rises well above chance (10%) i
 same seed always gives the same tensors on every rank and every machine.
 """
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from torch import nn
 from torch.nn import functional
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
+from modelwright.errors import ConfigError, one_line
 from modelwright.train.args import DataArgs, ImageFolderArgs
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -70,6 +72,21 @@ def image_datasets(args: DataArgs, download: bool = False) -> tuple[Dataset, Dat
     train_subset = Subset(train, range(min(args.train_size, len(train))))
     val_subset = Subset(val, range(min(args.val_size, len(val))))
     return train_subset, val_subset
+
+
+def download_cifar10(args: DataArgs) -> None:
+    """CIFAR-10 into ``args.data_dir`` unless it is there; a ``cifar-10-python.tar.gz`` already there is
+    checked and extracted, with no network. A download that fails is one line naming ``data.download``, and
+    leaves no folder it made."""
+    made = not Path(args.data_dir).exists()
+    try:
+        image_datasets(args, download=True)
+    except (OSError, RuntimeError) as err:  # no network (URLError), a corrupt download
+        if made:
+            shutil.rmtree(args.data_dir, ignore_errors=True)
+        raise ConfigError(f"data.download: CIFAR-10 could not be downloaded ({one_line(err)}); without a "
+                          f"network, put cifar-10-python.tar.gz (www.cs.toronto.edu/~kriz/cifar.html) in "
+                          f"data.data_dir {args.data_dir}") from None
 
 
 class UnhookedTransforms:
