@@ -17,9 +17,12 @@ from modelwright.planner import Assumptions, markdown_tables, predict_step, spec
 from modelwright.planner.advisor import choose, machine_warning, options, step_times
 from modelwright.planner.memory import param_state_bytes, state_bytes_per_rank
 from modelwright.planner.scale import (
+    STRATEGY_LABELS,
     JobSpec,
     cannot_split,
+    collective_units,
     comm_bytes_per_step,
+    communication_time,
     pipeline_bubble_fraction,
     predict_memory_mib,
 )
@@ -270,3 +273,92 @@ def test_the_advisor_warns_when_the_times_are_another_machines():
     gpu = {"accelerator": "cuda", "device_name": "NVIDIA H100 80GB HBM3", "num_devices": 1}
     assert "GPU" in machine_warning(gpu, {**gpu, "device_name": "NVIDIA A100-SXM4-80GB"})
     assert "kind of device" in machine_warning(avx2, {**gpu, "cpu_model": "AMD EPYC", "cpu_cores": 2})
+
+
+# -- whole tables: every strategy's communication, the advisor's choice among several faster options -------
+
+#: 10⁸ parameters in playbook-mixed-fp32-grads (w = 2 weight bytes, c = 4 gradient bytes on the wire: a term
+#: that takes one for the other shows), r = 3 micro-batches of 4 samples, 5 blocks of 1000 B a sample at their
+#: boundary, N = 8 ranks in one node (ring 7/8).
+COMM_SPEC = JobSpec(num_params=100_000_000, precision="playbook-mixed-fp32-grads", micro_batch_size=4,
+                    accumulate_grad_batches=3, num_layers=5, min_width=64, boundary_bytes_per_sample=1000.0)
+#: strategy → (bytes one rank sends per step, collectives one after another), by hand from the ZeRO paper's
+#: volumes (Rajbhandari et al. 2020, §7) and the docstring of comm_bytes_per_step.
+COMMUNICATION = {
+    "dp": (2 * 4 * 1e8 * 7 / 8, 16),  # all-reduce of c·Ψ = 400 MB once (no_sync): 16 buckets of 25 MiB
+    "zero1": ((4 + 2) * 1e8 * 7 / 8, 16),  # reduce-scatter c·Ψ, all-gather w·Ψ
+    "zero2": ((3 * 4 + 2) * 1e8 * 7 / 8, 16),  # a reduce-scatter per micro-batch, one all-gather
+    "fsdp": (3 * (2 * 2 + 4) * 1e8 * 7 / 8, 3 * 5 * 3),  # per micro-batch: 2 gathers of w, 1 scatter of c
+    "tp": (3 * 5 * 4 * 2 * 7 / 8 * 1000 * 4, 4 * 5 * 3),  # 4 all-reduces per block of the boundary
+    "pp": (2 * 1000 * 4 * 3, None),  # each sample's boundary forward and its gradient back; point to point
+}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGY_LABELS))
+def test_every_strategys_communication_by_hand(strategy):
+    assert set(COMMUNICATION) == set(STRATEGY_LABELS), "a new strategy: its volume by hand here"
+    volume, units = COMMUNICATION[strategy]
+    assert comm_bytes_per_step(COMM_SPEC, strategy, 8) == pytest.approx(volume)
+    assert comm_bytes_per_step(COMM_SPEC, strategy, 1) == 0.0
+    # 450 GB/s of NVLink; α = 10 µs / 14 ring steps, so a ring of 8 pays 14 α = 10 µs per collective; PP pays
+    # α per message, one each way per micro-batch (m = 4 × 8 stages = 32)
+    latency = 2 * 32 * 10e-6 / 14 if strategy == "pp" else units * 10e-6
+    total = communication_time(COMM_SPEC, strategy, 8, Assumptions(), compute_s=1.0).total_s
+    assert total == pytest.approx(volume / 450e9 + latency)
+    if units is not None:
+        assert collective_units(COMM_SPEC, strategy) == units
+
+
+def test_mixed_precision_fsdp_gathers_16_bit_weights_of_32_bit_ones():
+    """bf16-mixed keeps fp32 weights (w = 4) but FSDP's MixedPrecisionPolicy gathers them in 16 bits; 32-true
+    gathers all 4 bytes."""
+    for precision, gathered in (("bf16-mixed", 2), ("32-true", 4)):
+        spec = JobSpec(num_params=1_000_000, precision=precision, accumulate_grad_batches=3)
+        assert comm_bytes_per_step(spec, "fsdp", 4) == pytest.approx(3 * (2 * gathered + 4) * 1e6 * 3 / 4)
+
+
+def _option(precision: str, accumulate: int, checkpointing: str, peak_mib: float, step_ms: float | None):
+    from modelwright.planner.advisor import Option
+
+    return Option(precision, accumulate, checkpointing, peak_mib, step_ms)
+
+
+#: The advisor's table in its order (precision, checkpointing, accumulation), under a 400 MiB budget: the plain
+#: run does not fit, the first that fits is 32-true 2 × off; of the options that fit, bf16 2 × off is the first
+#: measurably faster one and bf16 1 × block the fastest; bf16 1 × off, faster still, does not fit.
+RANKED = [
+    _option("32-true", 1, "off", 500, 100.0),
+    _option("32-true", 2, "off", 300, 102.0),
+    _option("32-true", 1, "block", 250, 130.0),
+    _option("bf16-mixed", 1, "off", 450, 40.0),
+    _option("bf16-mixed", 2, "off", 200, 60.0),
+    _option("bf16-mixed", 1, "block", 400, 50.0),  # at the budget exactly: fits
+]
+
+
+def _times(low: float = -0.05, high: float = 0.05):
+    from modelwright.planner.advisor import StepTimes
+    from modelwright.study_rows import SpreadBand
+
+    return StepTimes({}, 100.0, SpreadBand(low, high), {})
+
+
+def test_the_advisor_takes_the_fastest_of_several_measurably_faster_options():
+    chosen = choose(RANKED, 400, _times())
+    assert chosen.option == RANKED[5]
+    assert "its predicted step is 0.49× of 32-true, 2 × off's" in chosen.reason
+
+
+def test_the_advisor_keeps_the_first_that_fits_unless_another_is_outside_the_spread():
+    # 32-true 2 × off at 100 ms; within -5 % the others are no reason to change: 95 ms is on the edge
+    for step_ms, expected in ((96.0, 1), (95.0, 1), (94.9, 2)):
+        ranked = [RANKED[0], RANKED[1]._replace(step_ms=100.0), RANKED[4]._replace(step_ms=step_ms)]
+        assert choose(ranked, 400, _times()).option == ranked[expected], step_ms
+    # no spread (one repeat) or no step time: nothing is measurably faster
+    assert choose(RANKED, 400, _times()._replace(band=None)).option == RANKED[1]
+    unknown = [option._replace(step_ms=None) if option.precision == "bf16-mixed" else option for option in RANKED]
+    assert choose(unknown, 400, _times()).option == RANKED[1]
+    # the plain run fits: it is the simplest, and still loses to a measurably faster option (now bf16 1 × off)
+    assert choose(RANKED, 500, _times()).option == RANKED[3]
+    assert choose(RANKED[:3], 500, _times()).option == RANKED[0]
+    assert choose(RANKED, 199, _times()) is None
