@@ -149,3 +149,14 @@ def test_last_is_the_newest_loadable_checkpoint_of_the_latest_run_that_wrote_one
     passed_over = [tmp_path / "version_10", tmp_path / "version_2"]
     assert find_last_checkpoint(tmp_path, {}) == (good, tmp_path / "version_1", passed_over)
     assert older.is_file()
+
+
+@pytest.mark.parametrize("name", sorted(path.stem for path in (REPO_ROOT / "configs").glob("*.yaml")
+                                        if path.stem != "base"))
+def test_each_experiment_logs_under_its_own_name(name):
+    """Issue 39. Before: configs/baseline.yaml logged to lightning_logs/base/, beside every run of a config of
+    one's own."""
+    from modelwright.train.cli import resolved_config
+
+    config = resolved_config(["fit", "--config", f"configs/{name}.yaml"])
+    assert config["trainer"]["logger"]["init_args"]["name"] == name
