@@ -272,3 +272,23 @@ def test_a_write_that_fails_midway_leaves_the_previous_file_whole(tmp_path, monk
         write_text_atomic(path, "new, cut short\n")
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["record.json"], "no temp file left"
+
+
+def test_the_record_of_a_resumed_run(tmp_path):
+    """A fit of one epoch (4 steps of batch 8), resumed for a second: the resumed part's record counts its
+    window from the step it resumed at (anatomy at 4 + 2 warm-up, 1 step measured after it), not from 0, and
+    the first part's record stays beside it as record.1.json."""
+    from conftest import fit_args
+    from modelwright.train.cli import cli_main
+
+    common = fit_args(tmp_path, "--model.network", "SmallCNN", "--model.scheduler", "none",
+                      "--trainer.max_epochs", "1")
+    assert cli_main(common) == 0
+    assert cli_main([*common, "--trainer.max_epochs", "2", "--ckpt_path", "last"]) == 0
+    (run,) = [path for path in (tmp_path / "base").iterdir() if path.name.startswith("version_")]
+    first = read_record(run / "record.1.json")
+    resumed = read_record(run / "record.json")
+    assert (first["status"], resumed["status"]) == ("ok", "ok")
+    assert (first["memory"]["anatomy_step"], resumed["memory"]["anatomy_step"]) == (2, 6)
+    assert (first["timing"]["measured_steps"], resumed["timing"]["measured_steps"]) == (1, 1)
+    assert [step for step, _ in resumed["history"]["train/loss"]][0] > 4
