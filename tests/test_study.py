@@ -839,3 +839,34 @@ def test_every_study_flag_runs_at_a_valid_value(flag, tmp_path, monkeypatch):
     outcome = _flag_study(tmp_path, monkeypatch, *make_args(tmp_path), before=BEFORE.get(flag))
     assert outcome.status == 0
     assert check(outcome), outcome.children[:1]
+
+
+def test_a_study_with_everything_recorded_says_how_to_measure_afresh(tmp_path, capsys, monkeypatch):
+    """Issue 39. Before: on a machine whose slug already had results, the README's "what does each technique
+    buy on this machine?" answered "0 to run" and nothing else."""
+    _write(tmp_path / "plan.yaml", TINY_PLAN)
+    monkeypatch.setattr(runner.Study, "recorded", lambda self, spec: {"status": "ok"})
+    assert cli.main(_args(tmp_path, "--dry_run", "true")) == 0
+    err = capsys.readouterr().err
+    assert "(0 to run)" in err
+    assert f"every run is recorded in {tmp_path / 'results' / SLUG}/ already: to measure afresh, give another " \
+        "results folder (--results ../scratch/results) or --rerun true" in err
+
+
+def test_the_dry_run_of_a_new_folder_estimates_from_the_projects_records_of_the_same_machine(tmp_path, capsys,
+                                                                                             monkeypatch):
+    """Issue 39. Before: a scratch results folder had no records, and the estimate said none."""
+    import modelwright.study as study_module
+
+    _write(tmp_path / "plan.yaml", TINY_PLAN)
+    committed = tmp_path / "project" / "results" / SLUG
+    committed.mkdir(parents=True)
+    lines = [json.dumps(build_record(study={"name": name, "kind": kind, "process_wall_s": seconds}))
+             for name, kind, seconds in (("baseline", "run", 40.0), ("broken", "run", 30.0),
+                                         ("baseline", "epoch", 120.0), ("broken", "epoch", 10.0))]
+    (committed / "records.jsonl").write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(study_module, "REPO_ROOT", tmp_path / "project")
+    assert cli.main(_args(tmp_path, "--dry_run", "true")) == 0
+    err = capsys.readouterr().err
+    assert "estimate: about 3.33 min for the 4 runs to run, from the records of the same runs in " \
+        f"{committed}/" in err

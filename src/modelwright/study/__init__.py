@@ -112,24 +112,37 @@ def _say_dry_run(specs: Sequence[RunSpec], runner: Study, workdir: Path) -> None
 
 def _estimate(to_run: Sequence[RunSpec], runner: Study) -> str:
     """How long the runs still to run take, from this machine's records of the same runs (same name and kind,
-    any config): the median of their process times; the budget phase is left out."""
+    any config), else from the project's committed records of this hardware slug (a new results folder): the
+    median of their process times; the budget phase is left out."""
     if not to_run:
         return "estimate: nothing to run"
-    seconds: dict[tuple[str, str], list[float]] = {}
-    records = read_records(runner.records_path) if runner.records_path.is_file() else []
-    for record in records:
-        facts = record.get("study") or {}
-        wall = finite(facts.get("process_wall_s"))
-        if wall is not None:
-            seconds.setdefault((facts.get("name"), facts.get("kind", "run")), []).append(wall)
-    known = [statistics.median(seconds[key]) for spec in to_run if (key := (spec.name, spec.kind)) in seconds]
+    committed = REPO_ROOT / "results" / runner.settings.slug / "records.jsonl"
+    for source in dict.fromkeys([runner.records_path, committed]):
+        known = _known_seconds(to_run, source)
+        if known:
+            break
     if not known:
         return (f"estimate: none: no record of these runs on {runner.settings.slug} yet (the plan file says "
                 "roughly how long its runs take on the project's machines)")
     unknown = len(to_run) - len(known)
     missing = f"; {unknown} of them with no record to go by" if unknown else ""
-    return (f"estimate: about {fmt.duration(sum(known))} for the {len(to_run)} runs to run, from this "
-            f"machine's earlier records of the same runs{missing}; the budget phase comes on top")
+    origin = "this machine's earlier records of the same runs"
+    if source != runner.records_path:
+        origin = f"the records of the same runs in {rel(source.parent)}/"
+    return (f"estimate: about {fmt.duration(sum(known))} for the {len(to_run)} runs to run, from {origin}"
+            f"{missing}; the budget phase comes on top")
+
+
+def _known_seconds(to_run: Sequence[RunSpec], records_path: Path) -> list[float]:
+    """The median process time of each run of ``to_run`` that ``records_path`` has a record of."""
+    seconds: dict[tuple[str, str], list[float]] = {}
+    records = read_records(records_path) if records_path.is_file() else []
+    for record in records:
+        facts = record.get("study") or {}
+        wall = finite(facts.get("process_wall_s"))
+        if wall is not None:
+            seconds.setdefault((facts.get("name"), facts.get("kind", "run")), []).append(wall)
+    return [statistics.median(seconds[key]) for spec in to_run if (key := (spec.name, spec.kind)) in seconds]
 
 
 @contextmanager
@@ -226,6 +239,9 @@ def _announce(sweep: _Sweep, to_run: int, results_dir: Path) -> None:
     say(f"study {sweep.plan.path} on {settings.slug}: {len(sweep.specs)} runs ({to_run} to run): {timed} of "
         f"{settings.warmup_steps} warm-up + 1 anatomy + {settings.measured_steps} measured steps "
         f"({settings.repeats} repeats, round-robin){whole}{budget}\nresults: {rel(results_dir)}/")
+    if sweep.specs and not to_run:
+        say(f"every run is recorded in {rel(results_dir)}/ already: to measure afresh, give another results "
+            "folder (--results ../scratch/results) or --rerun true")
     _say_elsewhere(sweep.elsewhere, sweep.device)
 
 
