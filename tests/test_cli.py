@@ -160,3 +160,28 @@ def test_each_experiment_logs_under_its_own_name(name):
 
     config = resolved_config(["fit", "--config", f"configs/{name}.yaml"])
     assert config["trainer"]["logger"]["init_args"]["name"] == name
+
+
+def test_a_global_batch_is_split_over_the_processes_and_kept_in_the_config():
+    """Issue 39. Before: DDP by the strategy flag alone doubled the global batch (each process kept
+    data.batch_size), with no way to say the batch is the step's, over all processes."""
+    from modelwright.errors import ConfigError
+    from modelwright.train.cli import resolved_config
+
+    ddp = ["fit", "--trainer.strategy", "ddp", "--trainer.devices", "2"]
+    per_device = resolved_config(ddp)
+    assert per_device["data"]["init_args"]["batch_size"] == 128 and "global_batch_size" not in per_device
+    split = resolved_config([*ddp, "--global_batch_size", "128"])
+    assert split["data"]["init_args"]["batch_size"] == 64 and split["global_batch_size"] == 128
+    assert resolved_config(["fit", "--global_batch_size", "96"])["data"]["init_args"]["batch_size"] == 96
+    with pytest.raises(ConfigError, match=r"^global_batch_size: 128 is not a multiple of the 3 processes "
+                                          r"\(trainer.devices 3 × trainer.num_nodes 1\)"):
+        resolved_config(["fit", "--trainer.strategy", "ddp", "--trainer.devices", "3", "--global_batch_size", "128"])
+
+
+def test_the_global_batch_is_recorded_in_the_run(tmp_path):
+    assert cli_main(fit_args(tmp_path, "--model.network", "SmallCNN", "--trainer.max_steps", "1",
+                             "--global_batch_size", "4")) == 0
+    (version,) = _versions(tmp_path)
+    record = read_record(version / "record.json")
+    assert record["config"]["global_batch_size"] == 4 and record["techniques"]["micro_batch_size"] == 4

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from jsonargparse.typing import PositiveInt
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer
 from lightning.pytorch import cli as lightning_cli
@@ -118,6 +119,25 @@ def _check_config(config) -> None:
     logger_args = _logger_args(trainer)
     if logger_args is not None and logger_args.get("save_dir"):
         require_creatable_folder("trainer.logger.init_args.save_dir", logger_args["save_dir"])
+
+
+def _split_global_batch(config) -> None:
+    """``global_batch_size`` given: ``data.batch_size`` is its share per process."""
+    if config.get("global_batch_size") is None:
+        return
+    trainer = config["trainer"]
+    devices = trainer.get("devices")
+    count = len(devices) if isinstance(devices, list) else devices
+    require(str(count).isdigit() and int(count) > 0, f"global_batch_size: needs trainer.devices as a number "
+            f"of processes, not {devices!r}")
+    count = int(count)
+    processes = count * trainer.get("num_nodes", 1)
+    batch = config["global_batch_size"]
+    require(batch % processes == 0, f"global_batch_size: {batch} is not a multiple of the {processes} "
+            f"processes (trainer.devices {count} × trainer.num_nodes {trainer.get('num_nodes', 1)})")
+    data = config["data"].get("init_args") or config["data"]
+    require("batch_size" in data, "global_batch_size: the data module has no batch_size to set")
+    data["batch_size"] = batch // processes
 
 
 def _log_root(config) -> Path | None:
@@ -275,6 +295,12 @@ class ModelwrightCLI(LightningCLI):
             help="with --ckpt_path: resume although arguments other than those that may change on resume "
                  "(modelwright.train.checkpoints.MAY_CHANGE_ON_RESUME) differ from the checkpoint's run.",
         )
+        parser.add_argument(
+            "--global_batch_size", type=PositiveInt, default=argparse.SUPPRESS,
+            help="the samples of one step's forward passes over all processes: data.batch_size becomes it ÷ "
+                 "(trainer.devices × trainer.num_nodes). Unset: data.batch_size is per process, and more "
+                 "processes make a larger batch.",
+        )
 
     @property
     def run_config(self):
@@ -291,6 +317,7 @@ class ModelwrightCLI(LightningCLI):
         self.config = parser.parse_args(args)
         config = self.run_config
         _check_config(config)
+        _split_global_batch(config)
         self.continued_run = None
         if config.get("ckpt_path"):
             self._resume(parser, config)
