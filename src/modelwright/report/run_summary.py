@@ -11,8 +11,10 @@ from modelwright.techniques import setup_words
 #: Below this share of their threads' time, a CPU run's measured steps waited for their cores (the machine was
 #: busy with something else): the times are flagged as contended. A free 2-core machine gives 0.95-1.0.
 CONTENDED_BELOW = 0.8
-#: TensorBoard's time-series dashboard with its smoothing at 0 (its default 0.6 hides where curves end).
-TENSORBOARD_URL = "http://localhost:6006/?smoothing=0#timeseries"
+#: TensorBoard's time-series dashboard with its smoothing at 0 (its default 0.6 hides where curves end),
+#: showing the run's own scalars (Lightning's epoch and learning-rate cards would come first, the rest
+#: collapsed).
+TENSORBOARD_URL = "http://localhost:6006/?smoothing=0&tagFilter=train|val|perf|mem#timeseries"
 
 
 def anatomy_rows(record: Mapping) -> list[tuple[str, float]]:
@@ -125,20 +127,22 @@ def _figures_table(record: Mapping) -> str:
 
 
 def anatomy_figure(record: Mapping) -> Any:
-    """One horizontal bar: the peak's categories stacked, largest first, with a legend below that shows."""
+    """One horizontal bar: the peak's categories stacked, largest first, with a legend below that shows. Small
+    in inches, so that its text stays readable when TensorBoard scales it to a card (about 400 px)."""
     from itertools import accumulate
 
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, nothing global changed
 
     rows = anatomy_rows(record)
     memory = record.get("memory") or {}
-    figure = Figure(figsize=(8, 2.6), layout="constrained")
+    figure = Figure(figsize=(4.8, 3.0), layout="constrained")
     axes = figure.add_subplot()
     starts = accumulate((value for _, value in rows), initial=0.0)
     for (name, value), left in zip(rows, starts, strict=False):
         axes.barh(0, value, left=left, label=f"{name.replace('_', ' ')} {value:.1f}")
     title = (f"tensor memory at the peak of step {memory.get('anatomy_step')}: "
              f"{sig(memory.get('peak_allocated_mib'))} MiB")
-    axes.set(yticks=[], xlabel="MiB", title=title)
-    figure.legend(loc="outside lower center", ncols=4, fontsize="small", frameon=False)
+    axes.set(yticks=[], xlabel="MiB")
+    axes.set_title(title, fontsize=10)
+    figure.legend(loc="outside lower center", ncols=2, fontsize=10, frameon=False)
     return figure
