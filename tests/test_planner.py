@@ -182,7 +182,8 @@ def test_cli_errors_are_one_line(tmp_path):
 def _tiny_job(tmp_path) -> Path:
     """A job file of a small network at a small batch: its options rehearse in a fraction of a second each."""
     job = tmp_path / "job.yaml"
-    job.write_text("model:\n  network: SmallCNN\ndata:\n  batch_size: 16\n  train_size: 64\n")
+    job.write_text("model:\n  network: SmallCNN\ndata:\n  batch_size: 16\n  train_size: 64\n"
+                   "trainer:\n  logger: {init_args: {name: my-job}}\n")
     return job
 
 
@@ -199,6 +200,34 @@ def test_cli_advisor_rehearses_the_job_of_its_config_files(tmp_path):
     # no study records of this job: no step times to show a technique faster
     assert (f"Recommended: the plain run, 32-true, 1 × off — predicted peak {plain:.3g} MiB. Why: the plain run "
             "fits") in out.stdout
+
+
+def test_the_advisor_takes_the_step_times_of_the_jobs_own_study(tmp_path, monkeypatch):
+    """``plan --config my_job.yaml`` reads results/<this machine>/<job name>/records.jsonl, the job's own study,
+    before the newest study of another network; the table names the network the step times are of."""
+    import modelwright.study
+
+    monkeypatch.setattr(modelwright.study, "hardware_slug", lambda accelerator="auto": "cpu-here")
+    job = _tiny_job(tmp_path)
+
+    def timed(name: str, step_ms: float, repeat: int) -> dict:
+        return {"run_id": f"{name}-{repeat}", "status": "ok", "timing": {"step_time_median_ms": step_ms},
+                "techniques": {"effective_batch_size": 16, "model_name": "SmallCNN"},
+                "study": {"name": name, "kind": "run", "repeat": repeat, "config_hash": name}}
+
+    own = tmp_path / "results" / "cpu-here" / "my-job" / "records.jsonl"
+    own.parent.mkdir(parents=True)
+    own.write_text("".join(json.dumps(timed(name, ms, i)) + "\n" for name, times in
+                           (("baseline", (100, 101, 99)), ("amp", (50, 51, 49))) for i, ms in enumerate(times)))
+    other = tmp_path / "results" / "cpu-other" / "records.jsonl"
+    other.parent.mkdir(parents=True)
+    other.write_text(json.dumps({**timed("baseline", 400, 0), "techniques": {"model_name": "resnet18"}}) + "\n")
+    out = _plan("--config", str(job), "--budget_gib", "1", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "step times of SmallCNN measured on" in out.stdout and "bf16-mixed 0.50× (amp, 3 repeats)" in out.stdout
+    own.unlink()  # no study of its own yet: the newest study's, and the table says whose
+    out = _plan("--config", str(job), "--budget_gib", "1", cwd=tmp_path)
+    assert "step times of resnet18 measured on" in out.stdout or "step times unknown" in out.stdout
 
 
 def test_cli_advisor_refuses_a_missing_config_file_in_one_line(tmp_path):
@@ -221,7 +250,7 @@ def test_with_room_for_everything_the_advisor_recommends_the_plain_run():
     line = recommendation(out.stdout)
     assert line.startswith("Recommended: the plain run, 32-true, 1 × off")
     assert "accumulate 0.98× (no measurable change)" in line and "-7.6% / +7.0%" in line
-    assert "step times measured on AMD EPYC, 2 cores, avx2" in out.stdout
+    assert "step times of resnet18 measured on AMD EPYC, 2 cores, avx2" in out.stdout
     assert "bf16-mixed 19× (amp, 1 repeat)" in out.stdout  # from the bf16-check folder beside the study
 
 

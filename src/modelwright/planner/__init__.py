@@ -122,12 +122,25 @@ def effective_batch(resolved: Mapping) -> int:
     return micro * accumulate
 
 
+def job_records(resolved: Mapping) -> Path | None:
+    """The records of the job's own study on this machine (``study --config`` writes them to
+    ``results/<hardware>/<job name>/``), or None where it has none yet."""
+    from modelwright.study import hardware_slug  # torch: only where a job is planned
+
+    name = get_path(resolved, "trainer.logger.init_args.name")
+    if not isinstance(name, str) or not name:
+        return None
+    accelerator = str(get_path(resolved, "trainer.accelerator", "auto") or "auto")
+    path = Path("results") / hardware_slug(accelerator) / name / "records.jsonl"
+    return path if path.is_file() else None
+
+
 def _advise(config: Sequence[Path], source: Path | None, model: str | None, batch: int | None,
             budget_gib: float) -> None:
     """The advisor on the job of ``config`` (default: the default job), with the step times of ``source``'s
-    records (default: the newest study's)."""
+    records: by default the job's own study here, else the newest study's (the table names its network)."""
     resolved = job_config(config)
-    source = source or newest_records()
+    source = source or job_records(resolved) or newest_records()
     records = read_records(source) if source is not None and Path(source).is_file() else []
     ok = [found for found in records if is_ok_of_model(found, model)]
     on_cpu = str(get_path(resolved, "trainer.accelerator")) not in ("cuda", "gpu")

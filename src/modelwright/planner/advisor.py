@@ -72,6 +72,7 @@ class StepTimes(NamedTuple):
     band: SpreadBand | None
     hardware: Mapping
     base_batch: int | None = None  # the baseline's samples per optimizer step
+    model: str | None = None  # the network they were measured on
 
     def verdict(self, factor: float) -> str:
         """A step ratio to the plain run, judged against the baseline's spread."""
@@ -107,7 +108,8 @@ def step_times(records: Sequence[Mapping], check_records: Sequence[Mapping] = ()
     if not hardware.get("vector_isa"):  # a record made before hardware named it: its folder does
         hardware["vector_isa"] = slug_vector_isa(get_path(record, "study.slug") or "")
     base_batch = get_path(record, "techniques.effective_batch_size")
-    return StepTimes(found, base_ms, baseline.band, hardware, base_batch)
+    model = get_path(record, "techniques.model_name")
+    return StepTimes(found, base_ms, baseline.band, hardware, base_batch, model)
 
 
 def slowdowns(records: Sequence[Mapping]) -> tuple[dict[str, Slowdown], float | None]:
@@ -307,7 +309,8 @@ def step_times_text(times: StepTimes) -> str:
         return "step times unknown (no study records)"
     factors = ", ".join(f"{technique} {sig(found.factor, 2)}× ({found.source})"
                         for technique, found in times.slowdowns.items())
-    return f"step times measured on {machine_text(times.hardware)}: {factors}"
+    network = f" of {times.model}" if times.model else ""
+    return f"step times{network} measured on {machine_text(times.hardware)}: {factors}"
 
 
 def advise(config: Mapping, batch: int, budget_mib: float, records: Sequence[Mapping] = (),
