@@ -127,6 +127,29 @@ def test_resolve_config_is_what_print_config_shows(capsys):
     assert "dropped" not in capsys.readouterr().err, "resolving instantiates nothing, drops no callback"
 
 
+def test_a_budget_run_of_an_image_folder_takes_its_steps_over_several_epochs(tmp_path):
+    """A generated set grows to the run's window; an image folder cannot, so a budget run (one batch may be
+    all of it) may span as many epochs as it has steps, and a timed run keeps its one short epoch."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            (tmp_path / split / name).mkdir(parents=True)
+            Image.new("RGB", (8, 8)).save(tmp_path / split / name / "0.png")
+    job = _write(tmp_path / "job.yaml", "data:\n  class_path: modelwright.train.data.ImageFolderDataModule\n"
+                                        f"  init_args: {{root: {tmp_path}, batch_size: 8}}\n")
+    entry = plan.Entry("baseline", "configs/baseline.yaml")
+    settings = _settings(warmup_steps=2, measured_steps=3, job=(str(job),))
+    budget = plan.build_spec(entry, 0, settings, kind="budget", batch_size=600)
+    assert budget.overrides["trainer.max_epochs"] == 3 and budget.overrides["trainer.max_steps"] == 3
+    assert "data.train_size" not in budget.overrides
+    timed = plan.build_spec(entry, 0, settings)
+    assert timed.overrides["trainer.max_epochs"] == 1
+    generated = plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3), kind="budget",
+                                batch_size=2000)
+    assert generated.overrides["trainer.max_epochs"] == 1 and generated.overrides["data.train_size"] == 3 * 2000
+
+
 def test_window_overrides_hash_and_command():
     entry = plan.Entry("accumulate", "configs/accumulate.yaml")
     spec = plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3))

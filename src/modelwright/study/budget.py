@@ -99,6 +99,9 @@ def _confirmed_batch(runs: _BudgetRuns, batch: int) -> int | None:
         if runs.fits(record):
             return batch
         peak = peak_mib(record)
+        if peak is None and record.get("status") == "ok":
+            say(f"{runs.entry.name} (budget): batch {batch} recorded no peak: it took too few steps (is the "
+                "training set smaller than one batch? an image folder is not grown to fit)")
         if attempt == 2 or peak is None:
             return None
         # The planner missed by a measured amount: predict again for a budget less that much.

@@ -361,10 +361,13 @@ def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, ki
     overrides.update(_window(total, accumulate, val_batches))
     needed = total * accumulate * _positive(get_path(draft, "data.batch_size")) * world_size(draft)
     train_size = get_path(draft, "data.train_size")
-    # A generated set grows to the window; an image folder is as it is.
+    # A generated set grows to the window; an image folder is as it is, so a budget run (its batch a large
+    # share of the folder, or all of it) takes its steps over as many epochs as it needs.
     sized = get_path(draft, "data.train_size", default=False) is not False
     if sized and (not isinstance(train_size, int) or train_size < needed):
         overrides["data.train_size"] = needed
+    if not sized and kind == "budget":
+        overrides["trainer.max_epochs"] = total
     resolved = resolve_config(files, overrides)
     resolved["trainer"]["callbacks"] = patch_callbacks(resolved["trainer"].get("callbacks"),
                                                        settings.warmup_steps)
