@@ -368,18 +368,23 @@ def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
     plan = _for_the_job(job, plan)
     readme = _readme(readme, job, results)
     sweep = _sweep(load_plan(repo_path(plan)), arguments)
-    results_dir = results.resolve() / sweep.settings.slug / sweep.job_name
-    workdir = workdir.resolve() / sweep.settings.slug / sweep.job_name
-    runner = Study(sweep.plan, sweep.settings, results_dir, workdir, rerun=rerun, retry_failed=retry_failed,
-                   predict=predict, run_timeout_s=run_timeout_s, cmd=cmd)
+    runner = _study_runner(sweep, arguments, cmd)
+    results_dir = runner.records_path.parent
     to_run = sum(_will_run(sweep, runner, spec) for spec in sweep.specs)
     _announce(sweep, to_run, results_dir)
     if dry_run:
-        _say_dry_run(sweep.specs, runner, workdir)
+        _say_dry_run(sweep.specs, runner, runner.workdir)
         return 0
     if not _run_locked(sweep, runner, to_run, results_dir, cmd, started):
         return 130
     return _report_and_status(runner, results_dir, readme if report else False, allow_mixed)
+
+
+def _study_runner(sweep: _Sweep, arguments: dict[str, Any], cmd: list[str]) -> Study:
+    """The runner of ``sweep``: its results and run folders under the hardware slug (and the job's name)."""
+    folders = [arguments[key].resolve() / sweep.settings.slug / sweep.job_name for key in ("results", "workdir")]
+    options = {key: arguments[key] for key in ("rerun", "retry_failed", "predict", "run_timeout_s")}
+    return Study(sweep.plan, sweep.settings, *folders, **options, cmd=cmd)
 
 
 def _run_locked(sweep: _Sweep, runner: Study, to_run: int, results_dir: Path, cmd: list[str],
