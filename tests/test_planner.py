@@ -13,9 +13,16 @@ import pytest
 
 from modelwright import REPO_ROOT
 from modelwright.errors import ConfigError
-from modelwright.planner import Assumptions, markdown_tables, predict_step, spec_from_record
+from modelwright.planner import Assumptions, markdown_tables, memory, predict_step, spec_from_record
 from modelwright.planner.advisor import choose, machine_warning, options, step_times
-from modelwright.planner.memory import param_state_bytes, state_bytes_per_rank
+from modelwright.planner.memory import (
+    ALIASES,
+    STRATEGIES,
+    VALID_NAMES,
+    normalize,
+    param_state_bytes,
+    state_bytes_per_rank,
+)
 from modelwright.planner.scale import (
     STRATEGY_LABELS,
     JobSpec,
@@ -26,6 +33,7 @@ from modelwright.planner.scale import (
     pipeline_bubble_fraction,
     predict_memory_mib,
 )
+from modelwright.techniques import PRECISIONS
 
 
 def test_bytes_per_parameter_table():
@@ -37,8 +45,43 @@ def test_bytes_per_parameter_table():
     playbook = param_state_bytes("playbook-mixed", "adamw")
     assert (playbook.weights, playbook.gradients, playbook.optimizer) == (2, 2, 12)
     assert param_state_bytes("playbook-mixed-fp32-grads", "adamw").total == 20
-    with pytest.raises(ConfigError, match="precision"):
+    assert param_state_bytes("bf16-true", "adamw").regime == PRECISIONS["bf16-true"].description
+    with pytest.raises(ConfigError, match="^precision: unknown precision '8-true'"):
         param_state_bytes("8-true", "adamw")
+    with pytest.raises(ConfigError, match=r"^optimizer: adafactor's state depends on the parameters' shapes; plan "
+                                          r"from a record of it \(its measured optimizer state\)$"):
+        param_state_bytes("32-true", "adafactor")
+    assert param_state_bytes("32-true", "adafactor", optimizer_bytes=1.5).optimizer == 1.5
+
+
+def test_every_alias_of_the_planner_names():
+    """Every alias (Lightning's strategy names, short ones) and every valid name, spelled in any case."""
+    for alias, name in ALIASES.items():
+        key = "optimizer" if name in VALID_NAMES["optimizer"] else "strategy"
+        assert normalize(key, f" {alias.upper()} ") == name
+    for key, names in VALID_NAMES.items():
+        assert [normalize(key, name) for name in names] == list(names)
+    assert normalize("strategy", {"class_path": "lightning.pytorch.strategies.FSDPStrategy"}) == "fsdp"
+    assert normalize("strategy", {"class_path": "lightning.pytorch.strategies.ModelParallelStrategy"}) == "fsdp"
+    assert normalize("strategy", {"class_path": "lightning.pytorch.strategies.DDPStrategy"}) == "dp"
+    assert normalize("strategy", {"init_args": {}}) == "dp"
+    with pytest.raises(ConfigError, match=f"^strategy: unknown 'ring'; valid: {', '.join(STRATEGIES)}$"):
+        normalize("strategy", "ring")
+
+
+def test_the_largest_batch_of_a_rehearsal_and_a_budget_in_bytes(monkeypatch):
+    """The batch is the rehearsal's; one of 2**25 samples or more means a budget given in bytes, not MiB."""
+    budgets = []
+
+    class Rehearsal:
+        def largest_batch(self, budget_mib):
+            budgets.append(budget_mib)
+            return int(budget_mib)
+
+    monkeypatch.setattr(memory, "rehearsal", lambda config: Rehearsal())
+    assert memory.largest_batch({}, 2**25 - 1) == 2**25 - 1 and budgets == [2**25 - 1]
+    with pytest.raises(ConfigError, match="^budget_mib: fits more than 32 M samples; is the budget in MiB\\?$"):
+        memory.largest_batch({}, 2**25)
 
 
 @pytest.mark.parametrize(("strategy", "expected_gb"), [("dp", 120.0), ("zero1", 31.4), ("zero2", 16.6), ("fsdp", 1.9)])

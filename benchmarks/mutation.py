@@ -1,0 +1,162 @@
+"""Do the fast tests catch the bugs nobody thought of? mutmut 3 mutates the modules where decisions live and runs,
+for each mutant, only the fast-tier tests that reach the mutated function; this script scores each module.
+
+To run: ``uv run python benchmarks/mutation.py --module planner/memory.py`` (``--module`` again for more; none: all
+of ``[tool.mutmut] only_mutate`` in pyproject.toml, hours on 2 cores). Not a test and not in CI.
+
+mutmut copies ``src/`` and the files named in ``[tool.mutmut] also_copy`` into ``mutants/`` (git-ignored), runs
+the fast tier there once to learn which tests reach which function (kept in ``mutants/``, reused while the
+sources and tests are unchanged), then one test run per mutant. A mutant is killed when a test fails or times out.
+Mutants listed in ``benchmarks/mutation_equivalent.txt`` (name, then why no test can tell it from the original)
+leave the score's denominator. Each module's result, with its survivors by name, is merged into
+``results/<hardware slug>/mutation.json``; ``uv run mutmut show NAME`` prints a mutant's diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+
+import tomllib
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EQUIVALENT_FILE = REPO_ROOT / "benchmarks" / "mutation_equivalent.txt"
+SOURCE_PREFIX = "src/modelwright/"
+#: mutmut's exit codes (mutmut.stats.status_by_exit_code) folded into what the score needs.
+OUTCOME_BY_EXIT_CODE = {1: "killed", 3: "killed", 36: "killed", 24: "killed", -24: "killed", 152: "killed",
+                        255: "killed", -11: "killed", -9: "killed", 0: "survived", 5: "no tests", 33: "no tests",
+                        34: "skipped", None: "not run"}
+
+
+def mutated_modules() -> list[str]:
+    """The modules mutmut mutates, as paths under src/modelwright/, read from pyproject.toml."""
+    settings = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    return [path.removeprefix(SOURCE_PREFIX) for path in settings["only_mutate"]]
+
+
+def read_equivalents() -> dict[str, str]:
+    """Mutant name -> why it behaves as the original, from the committed list."""
+    equivalents = {}
+    for line in EQUIVALENT_FILE.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, reason = line.partition(" ")
+            equivalents[name] = reason.strip()
+    return equivalents
+
+
+def refresh_unmutated_copies() -> None:
+    """Remove the copies in mutants/src/ of modules not mutated that differ from src/: mutmut copies a module
+    only if its copy is missing, so a module changed since would be tested as it was."""
+    mutated = {SOURCE_PREFIX + module for module in mutated_modules()}
+    for copy in (REPO_ROOT / "mutants" / "src").rglob("*.py"):
+        source = REPO_ROOT / copy.relative_to(REPO_ROOT / "mutants")
+        relative = source.relative_to(REPO_ROOT).as_posix()
+        if relative not in mutated and (not source.exists() or source.read_bytes() != copy.read_bytes()):
+            copy.unlink()
+
+
+def run_mutmut(module: str, max_children: int, only: list[str]) -> tuple[float, int]:
+    """Run the mutants of ``module`` (those of its functions named in ``only`` if any); returns the wall time
+    in seconds and how many ran. mutmut's output goes to mutants/mutmut.log."""
+    prefix = "modelwright." + module.removesuffix(".py").replace("/", ".") + "."
+    # mutmut's names: module.x_function__mutmut_N, module.xǁClassǁmethod__mutmut_N.
+    mangled = ["x" + "ǁ".join(["", *function.split(".")]) if "." in function else "x_" + function
+               for function in only]
+    patterns = [f"{prefix}{name}__mutmut_*" for name in mangled] or [prefix + "*"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # The tests' child processes (python -m modelwright, main.py) must import the mutated copy too: the editable
+    # install puts the original src/ on their path otherwise. The folder exists before Python caches its absence.
+    (REPO_ROOT / "mutants" / "src").mkdir(parents=True, exist_ok=True)
+    refresh_unmutated_copies()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "mutants" / "src"), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "mutmut", "run", *patterns, "--max-children", str(max_children)]
+    start = time.perf_counter()
+    with open(REPO_ROOT / "mutants" / "mutmut.log", "w") as log:
+        subprocess.run(command, cwd=REPO_ROOT, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    names = json.loads(meta_path(module).read_text())["exit_code_by_key"]
+    return seconds, sum(any(fnmatch.fnmatch(name, pattern) for pattern in patterns) for name in names)
+
+
+def meta_path(module: str) -> Path:
+    """mutmut's results file of ``module``: each mutant's exit code."""
+    return REPO_ROOT / "mutants" / (SOURCE_PREFIX + module + ".meta")
+
+
+def score(module: str, seconds: float | None, equivalents: dict[str, str]) -> dict:
+    """The module's outcome counts, survivors and score, from mutmut's results file in mutants/."""
+    exit_codes = json.loads(meta_path(module).read_text())["exit_code_by_key"]
+    outcome_by_name = {name: OUTCOME_BY_EXIT_CODE.get(code, "suspicious") for name, code in exit_codes.items()}
+    for name in outcome_by_name.keys() & equivalents.keys():
+        outcome_by_name[name] = "equivalent"
+    counts = Counter(outcome_by_name.values())
+    # An interrupted run leaves some not run: the score is of those that ran.
+    scored = len(outcome_by_name) - counts["equivalent"] - counts["skipped"] - counts["not run"]
+    return {
+        "mutants": len(outcome_by_name),
+        **{outcome: counts[outcome] for outcome in sorted(set(OUTCOME_BY_EXIT_CODE.values()) | {"equivalent"})},
+        "score_percent": round(100 * counts["killed"] / scored, 1) if scored else None,
+        "seconds": round(seconds) if seconds is not None else None,
+        "not_killed": sorted(name for name, outcome in outcome_by_name.items()
+                             if outcome in ("survived", "no tests", "suspicious", "not run")),
+    }
+
+
+def git_commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--module", action="append", choices=mutated_modules(),
+                        help="a module under src/modelwright/ (repeat for more; default: all)")
+    parser.add_argument("--max-children", type=int, default=2, help="mutants tested at once")
+    parser.add_argument("--only", nargs="+", metavar="FUNCTION",
+                        help="run the mutants of these functions only (a method: Class.method)")
+    parser.add_argument("--score-only", action="store_true",
+                        help="score mutmut's results in mutants/ again without running (after an interrupted "
+                             "run, or a changed list of equivalents)")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/<hardware slug>/mutation.json")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO_ROOT / "src"))
+    from modelwright.study import hardware_slug
+
+    out = args.out or REPO_ROOT / "results" / hardware_slug("cpu") / "mutation.json"
+    results = json.loads(out.read_text()) if out.exists() else {"modules": {}}
+    equivalents = read_equivalents()
+    for module in args.module or mutated_modules():
+        if args.score_only:
+            # Rescored (equivalents changed, a run interrupted): the run's own figures stay.
+            entry = results["modules"].get(module, {})
+            entry.update(score(module, entry.get("seconds"), equivalents))
+        else:
+            seconds, mutants_run = run_mutmut(module, args.max_children, args.only or [])
+            entry = {
+                "functions_run": args.only or "all",
+                "seconds_per_mutant_run": round(seconds / max(mutants_run, 1), 1),
+                **score(module, seconds, equivalents),
+                "mutmut": version("mutmut"),
+                "commit": git_commit(),
+                "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+                "max_children": args.max_children,
+                "tests": "fast tier (-m 'not slow'), the tests that reach each mutant",
+            }
+        results["modules"][module] = entry
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        print(f"{module}: {entry['score_percent']}% of {entry['mutants'] - entry['not run']} mutants killed "
+              f"({entry['not run']} not run) in {entry['seconds']} s")
+
+
+if __name__ == "__main__":
+    main()
