@@ -71,6 +71,7 @@ def test_default_plan_keeps_the_core_rows_and_measures_noise():
     ("runs:\n  - {name: a, colour: red}\n", "runs[0]: unknown key 'colour'"),
     ("measured_steps: {cpu: 0}\nruns:\n  - {name: a}\n", "measured_steps: must be an integer >= 1"),
     ("repeats: 0\nruns:\n  - {name: a}\n", "repeats: must be an integer >= 1"),
+    ("max_repeats: 0\nruns:\n  - {name: a}\n", "max_repeats: must be an integer >= 1"),
     ("budget: {gib: 1, runs: [b]}\nruns:\n  - {name: a}\n", "budget.runs: 'b' is not a run of this plan"),
     ("runs:\n  - {name: a, accelerators: [cpu_bf16]}\n",
      "runs[0].accelerators: a list of cpu, cpu-bf16, cuda"),
@@ -893,3 +894,99 @@ def test_the_dry_run_of_a_new_folder_estimates_from_the_projects_records_of_the_
     err = capsys.readouterr().err
     assert "estimate: about 3.33 min for the 4 runs to run, from the records of the same runs in " \
         f"{committed}/" in err
+
+
+# -- more repeats where the first round leaves a row undecided ------------------------------------------------
+
+MORE_PLAN = """\
+model: smallcnn
+warmup_steps: 1
+measured_steps: 2
+repeats: 3
+max_repeats: 5
+runs:
+  - name: baseline
+    config: configs/baseline.yaml
+  - name: straddles
+    config: configs/baseline.yaml
+    overrides: {model.lr: 0.001}
+  - name: faster
+    config: configs/baseline.yaml
+    overrides: {model.lr: 0.002}
+  - name: same
+    config: configs/baseline.yaml
+    overrides: {model.lr: 0.003}
+"""
+#: Each run's median step (ms) by repeat. straddles: 1.15x the baseline over its first 3, its interval
+#: 0.90-1.30x (undecided); faster: about 0.51x, its interval clear of 1.0; same: 1.00x (within 2%).
+STEP_MS = {"baseline": [100.0] * 5, "straddles": [90.0, 130.0, 115.0, 120.0, 125.0],
+           "faster": [50.0, 51.0, 52.0, 53.0, 54.0], "same": [100.0, 101.0, 99.0, 100.0, 100.0]}
+
+
+def _timed_children(monkeypatch, ran: list[str], stop_at: str | None = None) -> None:
+    """Children that record the step of :data:`STEP_MS` for their run and repeat at once; each one's label
+    (``straddles r3``, ``same e0``) is kept; ``stop_at``: that child is interrupted as by Ctrl-C."""
+    def fake_child(args, log_path, env, timeout_s, tick):
+        name, _, repeat = log_path.parent.name.rpartition("-")
+        label = f"{name.rsplit('-', 1)[0]} {repeat}"
+        if label == stop_at:
+            raise KeyboardInterrupt
+        ran.append(label)
+        log_path.write_text("")
+        record = _fake_record(8, 1, 1.0)
+        record["memory"]["anatomy_mib"] = {key: 0.0 for key in ANATOMY_KEYS} | record["memory"]["anatomy_mib"]
+        record["timing"]["step_time_median_ms"] = STEP_MS[label.split()[0]][int(repeat[1:])]
+        (log_path.parent / "record.json").write_text(json.dumps(record))
+        return runner.ChildResult(0, False, 0.1)
+
+    monkeypatch.setattr(runner, "run_child", fake_child)
+
+
+def _more_study(tmp_path: Path, monkeypatch, stop_at: str | None = None, *extra: str) -> tuple[int, list[str]]:
+    _write(tmp_path / "plan.yaml", MORE_PLAN)
+    ran: list[str] = []
+    _timed_children(monkeypatch, ran, stop_at)
+    status = cli.main(_args(tmp_path, "--predict", "false", "--report", "false", *extra))
+    return status, ran
+
+
+def test_a_row_whose_interval_straddles_gets_repeats_up_to_max_repeats_its_baseline_in_turn(tmp_path,
+                                                                                              monkeypatch,
+                                                                                              capsys):
+    status, ran = _more_study(tmp_path, monkeypatch, None, "--dry_run", "true")
+    assert (status, ran) == (0, [])
+    assert "then more repeats may follow: up to 5 of a row and of its baseline, in turn, where the first 3 " \
+        "leave the row undecided" in capsys.readouterr().err
+    status, ran = _more_study(tmp_path, monkeypatch)
+    first_round = [f"{name} r{repeat}" for repeat in range(3) for name in STEP_MS]
+    epochs = [f"{name} e0" for name in STEP_MS]
+    assert status == 0
+    assert ran == [*first_round, "baseline r3", "straddles r3", "baseline r4", "straddles r4", *epochs]
+    err = capsys.readouterr().err
+    assert "straddles: undecided after 3 repeats (1.15×, 0.900–1.30× (3 pairs)): up to 5, in turn with " \
+        "baseline" in err
+
+
+def test_a_decided_row_gets_no_more_repeats_and_the_summary_says_how_many_each_got(tmp_path, monkeypatch):
+    assert _more_study(tmp_path, monkeypatch)[0] == 0
+    records = read_records(tmp_path / "results" / SLUG / "records.jsonl")
+    repeats: dict[str, list[int]] = {}
+    for record in records:
+        if record["study"]["kind"] == "run":
+            repeats.setdefault(record["study"]["name"], []).append(record["study"]["repeat"])
+    assert repeats == {"baseline": [0, 1, 2, 3, 4], "straddles": [0, 1, 2, 3, 4], "faster": [0, 1, 2],
+                       "same": [0, 1, 2]}
+    summary = json.loads((tmp_path / "results" / SLUG / "study.json").read_text())
+    assert summary["repeats_by_run"] == {"baseline": 5, "straddles": 5, "faster": 3, "same": 3}
+    assert summary["max_repeats"] == 5
+
+
+def test_a_study_stopped_in_its_extra_repeats_resumes_them_and_then_runs_nothing(tmp_path, monkeypatch):
+    status, ran = _more_study(tmp_path, monkeypatch, "baseline r4")
+    assert status == 130 and ran[-2:] == ["baseline r3", "straddles r3"]
+    status, ran = _more_study(tmp_path, monkeypatch)
+    assert status == 0
+    assert ran == ["baseline r4", "straddles r4", *(f"{name} e0" for name in STEP_MS)]
+    status, ran = _more_study(tmp_path, monkeypatch)
+    assert (status, ran) == (0, [])
+    assert len(read_records(tmp_path / "results" / SLUG / "records.jsonl")) == 12 + 4 + 4

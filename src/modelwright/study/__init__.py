@@ -11,6 +11,7 @@ import signal
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +41,7 @@ from modelwright.study.plan import (
     resolve_config,
 )
 from modelwright.study.runner import DONE_STATUSES, Progress, Study, say, study_lock
+from modelwright.study_rows import Row, build_rows
 
 __all__ = ["DONE_STATUSES", "hardware_slug", "patch_callbacks", "resolve_config", "study"]
 
@@ -107,6 +109,10 @@ def _say_dry_run(specs: Sequence[RunSpec], runner: Study, workdir: Path) -> None
         state = "recorded" if runner.recorded(spec) else "to run"
         args = command(spec, workdir / spec.folder)
         say(f"  {spec.label} [{spec.config_hash}] {state}: python {' '.join(args)}")
+    settings = runner.settings
+    if settings.max_repeats > settings.repeats:
+        say(f"  then more repeats may follow: up to {settings.max_repeats} of a row and of its baseline, in "
+            f"turn, where the first {settings.repeats} leave the row undecided (not in the estimate)")
     say(_estimate([spec for spec in specs if not runner.recorded(spec)], runner))
 
 
@@ -172,6 +178,7 @@ class _Sweep:
     budget_gib: float | None
     budget_runs: list[str]
     job_name: str = ""  # a user's job's (its trainer.logger name): its outputs' folder
+    repeats_by_run: dict[str, int] = dataclasses.field(default_factory=dict)  # timed ones, extra ones too
 
     @property
     def budget(self) -> bool:
@@ -186,7 +193,7 @@ def _settings(plan: Plan, arguments: dict[str, Any], device: str) -> Settings:
     return Settings(arguments["slug"], arguments["accelerator"],
                     warmup_steps=for_device(chosen("warmup_steps", plan.warmup_steps), device),
                     measured_steps=for_device(chosen("steps", plan.measured_steps), device),
-                    repeats=arguments["repeats"] or plan.repeats,
+                    repeats=arguments["repeats"] or plan.repeats, max_repeats=plan.max_repeats,
                     val_batches=chosen("val_batches", plan.val_batches),
                     model=arguments["model"] or plan.model, overrides=dict(arguments["overrides"] or {}),
                     job=tuple(rel(path) for path in arguments["job"]))
@@ -245,10 +252,58 @@ def _announce(sweep: _Sweep, to_run: int, results_dir: Path) -> None:
     _say_elsewhere(sweep.elsewhere, sweep.device)
 
 
+#: How far from 1.0 a row's step ratio must be for more repeats to be worth deciding it (:func:`undecided`).
+UNDECIDED_CHANGE = 0.02
+
+
+def undecided(row: Row) -> bool:
+    """Whether more repeats could decide ``row``: its paired interval on the step ratio contains 1.0 while
+    the ratio of median steps is more than :data:`UNDECIDED_CHANGE` (2%) from 1.0. A ratio within 2% is no
+    measurable change as it stands; a row without an interval (under 2 pairs) has no verdict to decide."""
+    time_ratio = row.vs("step_ms")
+    if row.interval is None or time_ratio is None:
+        return False
+    return row.interval.low <= 1 <= row.interval.high and abs(time_ratio - 1) > UNDECIDED_CHANGE
+
+
+def _extra_specs(sweep: _Sweep, runner: Study) -> list[RunSpec]:
+    """Repeats ``repeats`` to ``max_repeats - 1`` of each row that the first round's records (of this sweep's
+    own runs: a resumed study extends the same rows) leave :func:`undecided`, and of its baseline: each round
+    the baseline first, then its rows."""
+    first = [runner.done[spec.key] for spec in sweep.specs if spec.kind == "run" and spec.key in runner.done]
+    compared = [row for row in build_rows(first) if row.ok and row.reference not in (None, row)]
+    rows = [row for row in compared if undecided(row)]
+    for row in rows:
+        figures = f"{fmt.ratio(row.vs('step_ms'), 3)}, {row.interval.text()}"
+        say(f"{row.name}: undecided after {sweep.settings.repeats} repeats ({figures}): up to "
+            f"{sweep.settings.max_repeats}, in turn with {row.reference.name}")
+    names = dict.fromkeys(name for row in rows for name in (row.reference.name, row.name))
+    entries = {entry.name: entry for entry in sweep.runnable}
+    return [build_spec(entries[name], sweep.plan.entries.index(entries[name]), sweep.settings, repeat)
+            for repeat in range(sweep.settings.repeats, sweep.settings.max_repeats) for name in names]
+
+
+def _more_repeats(sweep: _Sweep, runner: Study, progress: Progress) -> None:
+    """The extra repeats (:func:`_extra_specs`), run; how many timed repeats each run got, said and kept."""
+    extra = _extra_specs(sweep, runner)
+    progress.add_runs(sum(runner.recorded(spec) is None for spec in extra))
+    for spec in extra:
+        runner.run(spec, progress)
+    timed = [spec for spec in sweep.specs if spec.kind == "run"]
+    sweep.repeats_by_run = dict(Counter(spec.name for spec in [*timed, *extra]))
+    if extra:
+        counts = [f"{name} {count}" for name, count in sweep.repeats_by_run.items()]
+        say(f"repeats per run: {', '.join(counts)}")
+
+
 def _run(sweep: _Sweep, runner: Study, to_run: int) -> None:
     failed_before = {spec.name for spec in sweep.specs if _timed_runs_failed(sweep, runner, spec.name)}
+    timed = [spec for spec in sweep.specs if spec.kind == "run"]  # the first round, before any epoch run
     with Progress(to_run) as progress:
-        for spec in sweep.specs:
+        for spec in timed:
+            runner.run(spec, progress)
+        _more_repeats(sweep, runner, progress)
+        for spec in sweep.specs[len(timed):]:
             unrecorded_epoch = spec.kind == "epoch" and runner.recorded(spec) is None
             if unrecorded_epoch and _timed_runs_failed(sweep, runner, spec.name):
                 counted = spec.name not in failed_before  # among the runs to run when the study began
@@ -275,7 +330,8 @@ def _will_run(sweep: _Sweep, runner: Study, spec: RunSpec) -> bool:
 
 def _write_summary(sweep: _Sweep, runner: Study, results_dir: Path, cmd: list[str], wall_s: float) -> None:
     summary = {"plan": sweep.plan.path, "command": " ".join(cmd), **dataclasses.asdict(sweep.settings),
-               "repeat_order": "round-robin", "budget_gib": sweep.budget_gib if sweep.budget else None,
+               "repeat_order": "round-robin", "repeats_by_run": sweep.repeats_by_run,
+               "budget_gib": sweep.budget_gib if sweep.budget else None,
                "runs_not_on_this_device": [entry.name for entry in sweep.elsewhere],
                "runs_executed": runner.executed, "runs_skipped": runner.skipped, "runs_failed": runner.failed,
                "wall_time_s": wall_s, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
@@ -342,7 +398,8 @@ def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
         accelerator: trainer.accelerator for every run: auto, cpu, cuda, ...
         warmup_steps: unmeasured steps per run (default: the plan's, for this device).
         steps: measured steps per run (default: the plan's, for this device).
-        repeats: fresh-process repeats of every run, round-robin (default: the plan's).
+        repeats: fresh-process repeats of every run, round-robin (default: the plan's); then a row that they
+            leave undecided and its baseline get more, in turn, up to the plan's ``max_repeats``.
         val_batches: validation batches at the end of each run (default: the plan's).
         overrides: dotted config keys for every run, e.g. {data.batch_size: 64}.
         budget_gib: memory budget of the largest-batch runs (default: the plan's).

@@ -17,8 +17,8 @@ from modelwright.errors import ConfigError, require
 from modelwright.inputs import read_yaml
 from modelwright.record import get_path, to_jsonable
 
-PLAN_KEYS = {"model", "warmup_steps", "measured_steps", "repeats", "val_batches", "budget", "runs",
-             "description"}
+PLAN_KEYS = {"model", "warmup_steps", "measured_steps", "repeats", "max_repeats", "val_batches", "budget",
+             "runs", "description"}
 ENTRY_KEYS = {"name", "config", "overrides", "accelerators", "vary_batch", "description", "accumulate"}
 #: What ``accelerators`` may name: cpu-bf16 is a CPU with bf16 instructions (elsewhere bf16 autocast is
 #: emulated).
@@ -48,6 +48,7 @@ class Plan:
     warmup_steps: int | dict[str, int] = 1
     measured_steps: int | dict[str, int] = 10
     repeats: int = 3
+    max_repeats: int = 5  # repeats of a row (and its baseline) whose interval the first round left undecided
     val_batches: int = 0
     budget_gib: float | None = None
     budget_runs: list[str] = field(default_factory=list)
@@ -142,6 +143,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
     measured = count(data.get("measured_steps", 10), f"{where}: measured_steps", per_device=True)
     return Plan(where, entries, data.get("model"), warmup_steps=warmup, measured_steps=measured,
                 repeats=count(data.get("repeats", 3), f"{where}: repeats"),
+                max_repeats=count(data.get("max_repeats", 5), f"{where}: max_repeats"),
                 val_batches=count(data.get("val_batches", 0), f"{where}: val_batches", 0),
                 budget_gib=budget_gib, budget_runs=budget_runs)
 
@@ -237,6 +239,7 @@ class Settings:
     model: str | None
     overrides: dict[str, Any]
     job: tuple[str, ...] = ()  # the training job's config files, before each run's own (study --config)
+    max_repeats: int = 5  # the plan's: the first round is ``repeats``
 
 
 @dataclass
