@@ -9,6 +9,7 @@ To run: ``planner.predict_peak(config)`` (the study predicts every run this way 
 import contextlib
 import copy
 import functools
+import json
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -76,6 +77,25 @@ def build_from_config(config: Mapping) -> Any:
         path = Path(folder) / "config.yaml"
         path.write_text(yaml.safe_dump(runnable, sort_keys=False), encoding="utf-8")
         return build_job(["--config", str(path)])
+
+
+#: The trainer's keys a rehearsal takes from the config itself (:class:`_Setting`), not from the job it builds:
+#: configs that differ in these alone (the advisor's options) share one built job.
+SETTING_KEYS = ("precision", "accumulate_grad_batches")
+
+
+def _built_job(config: Mapping) -> Any:
+    """The job of ``config`` (:func:`build_from_config`), built once for every config that differs from it only
+    in :data:`SETTING_KEYS`; a rehearsal steps deep copies of its network."""
+    runnable = dict(to_jsonable(config))
+    runnable["trainer"] = {key: value for key, value in (runnable.get("trainer") or {}).items()
+                           if key not in SETTING_KEYS}
+    return _job_of(json.dumps(runnable, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=4)
+def _job_of(config_json: str) -> Any:
+    return build_from_config(json.loads(config_json))
 
 
 def _example_batch(datamodule: Any, samples: int) -> Any:
@@ -253,7 +273,7 @@ def rehearse(config: Mapping, micro_batches: tuple[int, int] = MICRO_BATCHES) ->
     """Two rehearsed steps of the job ``config`` (resolved, as ``main.py fit --print_config`` shows it) on
     this machine, one per micro-batch of ``micro_batches``: what :class:`Rehearsal` predicts from."""
     setting = _Setting.of(config)
-    job = build_from_config(config)
+    job = _built_job(config)
     batch = _example_batch(job.datamodule, max(micro_batches) * setting.accumulate)
     pristine = copy.deepcopy(job.model)
     timelines = []
