@@ -126,7 +126,10 @@ def rehearsal(config: Mapping) -> Any:
     known = {key: value for key, value in REHEARSAL_DATA.items() if get_path(config, key) is not None}
     accumulate = int(get_path(config, "trainer.accumulate_grad_batches", 1) or 1)
     known["trainer.accumulate_grad_batches"] = min(accumulate, REHEARSED_ACCUMULATION)
-    return _rehearsal(json.dumps(with_values(config, known), sort_keys=True))
+    known["trainer.logger"] = False  # nothing is logged in a rehearsal: jobs that differ in their logger alike
+    rehearsed = with_values(config, known)
+    rehearsed.pop("config", None)  # the files it was read from
+    return _rehearsal(json.dumps(rehearsed, sort_keys=True))
 
 
 def micro_batch(config: Mapping) -> int:
