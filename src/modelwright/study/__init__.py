@@ -426,15 +426,14 @@ def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
     readme = _readme(readme, job, results)
     sweep = _sweep(load_plan(repo_path(plan)), arguments)
     runner = _study_runner(sweep, arguments, cmd)
-    results_dir = runner.records_path.parent
     to_run = sum(_will_run(sweep, runner, spec) for spec in sweep.specs)
-    _announce(sweep, to_run, results_dir)
+    _announce(sweep, to_run, runner.results_dir)
     if dry_run:
         _say_dry_run(sweep.specs, runner, runner.workdir)
         return 0
-    if not _run_locked(sweep, runner, to_run, results_dir, cmd, started):
+    if not _run_locked(sweep, runner, to_run, runner.results_dir, cmd, started):
         return 130
-    return _report_and_status(runner, results_dir, readme if report else False, allow_mixed)
+    return _report_and_status(runner, runner.results_dir, readme if report else False, allow_mixed)
 
 
 def _study_runner(sweep: _Sweep, arguments: dict[str, Any], cmd: list[str]) -> Study:

@@ -191,6 +191,7 @@ class Study:
         self.plan = plan
         self.settings = settings
         self.workdir = workdir
+        self.results_dir = results_dir
         self.records_path = results_dir / "records.jsonl"
         self.predictions_path = results_dir / "predictions.jsonl"
         self.predict = predict
