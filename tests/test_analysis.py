@@ -139,3 +139,18 @@ def test_the_cost_rows_follow_from_the_baselines_record_and_the_cited_prices():
         assert rows[f"1 × {device}"][2:4] == [fmt.duration(seconds), fmt.usd(seconds / 3600 * price)]
         efficiency = float(rows[f"512 × {device}"][1].rstrip("%")) / 100
         assert efficiency < float(rows[f"8 × {device}"][1].rstrip("%")) / 100 < 1
+
+
+def test_the_default_study_would_have_taken_no_extra_repeats():
+    """The README says the default study's wall time stands under the extra-repeats rule: no default-plan row of
+    the study it reports is undecided after its three repeats, so the rule adds no run there."""
+    from modelwright.study import undecided
+    from modelwright.study_rows import build_rows
+
+    records = read_records(REPO_ROOT / "results" / SLUG / "records.jsonl")
+    runs = [record for record in records if get_path(record, "study.kind") == "run"
+            and get_path(record, "study.plan") == "configs/study/plan_default.yaml"]
+    rows = [row for row in build_rows(runs) if row.ok and row.reference not in (None, row)]
+    assert len(rows) == 5 and all(row.interval is not None for row in rows)
+    assert [row.name for row in rows if undecided(row)] == []
+    assert "after three repeats no row of the default plan was undecided" in (REPO_ROOT / "README.md").read_text()
