@@ -39,7 +39,6 @@ SLOW = {
     "test_accelerate_loop.py": ("test_two_cpu_processes_with_torchrun", "test_the_loop_trains_without_lightnings_trainer"),
     "test_bad_inputs.py": ("test_a_refused_run_prints_none_of_lightnings_startup_lines",),
     "test_runtime.py": ("test_retain_reuses_freed_memory",),
-    "test_cuda_memory.py": ("test_the_committed_h200_predictions_are_reproduced",),
     "test_planner.py": ("test_with_room_for_everything", "test_with_a_small_budget", "test_the_table_is_ordered"),
     "test_predict.py": ("test_every_category_on_networks_the_project_does_not_ship",
                         "test_the_largest_batch_is_confirmed_by_runs",
