@@ -21,7 +21,7 @@ STRATEGIES = ("dp", "zero1", "zero2", "fsdp", "tp", "pp")
 ALIASES = {"adam": "adamw", "auto": "dp", "ddp": "dp", "ddp_spawn": "dp", "single_device": "dp",
            "zero3": "fsdp", "fsdp2": "fsdp", "model_parallel": "fsdp", "deepspeed_stage_1": "zero1",
            "deepspeed_stage_2": "zero2", "deepspeed_stage_3": "fsdp"}
-VALID_NAMES = {"optimizer": (*STATE_WORDS, *OPTIMIZERS), "strategy": STRATEGIES}
+VALID_NAMES = {"optimizer": tuple(dict.fromkeys((*STATE_WORDS, *OPTIMIZERS))), "strategy": STRATEGIES}
 
 
 def normalize(key: str, name: object) -> str:
