@@ -42,6 +42,9 @@ def test_every_form_of_a_name_the_planner_accepts(key, given, expected):
     ("strategy", None, f"strategy: unknown None; valid: {STRATEGY_NAMES}"),
     ("strategy", "ring", f"strategy: unknown 'ring'; valid: {STRATEGY_NAMES}"),
     ("optimizer", "lamb", "optimizer: unknown 'lamb'; valid: adamw, sgd, sgd-nomomentum, adafactor"),
+    # a class path is read as a strategy's only: an optimizer's is named as given, not as 'dp'
+    ("optimizer", {"class_path": "torch.optim.AdamW"},
+     "optimizer: unknown {'class_path': 'torch.optim.AdamW'}; valid: adamw, sgd, sgd-nomomentum, adafactor"),
     ("precision", "8-true", f"precision: unknown precision '8-true'; valid: {', '.join(PRECISIONS)}"),
 ])
 def test_an_unknown_name_is_refused_naming_the_key_and_each_valid_name_once(key, given, message):

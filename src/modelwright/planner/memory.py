@@ -30,7 +30,7 @@ def normalize(key: str, name: object) -> str:
     unknown."""
     if key == "precision":
         return precision(name, key).name
-    if isinstance(name, Mapping):
+    if key == "strategy" and isinstance(name, Mapping):
         class_path = str(name.get("class_path", "")).lower()
         name = "fsdp" if "modelparallel" in class_path or "fsdp" in class_path else "dp"
     spelled = str(name).strip().lower()
