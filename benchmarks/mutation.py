@@ -111,6 +111,27 @@ def score(module: str, seconds: float | None, equivalents: dict[str, str]) -> di
     }
 
 
+def markdown_table(modules: dict) -> str:
+    """The scores of ``mutation.json``'s modules as a Markdown table, one row per module in the order mutated."""
+    header = ["module", "mutants", "killed", "survived", "no tests", "not run", "equivalent", "score",
+              "seconds", "commit", "date"]
+    lines = ["# Mutation scores", "",
+             "By `benchmarks/mutation.py` (mutmut, fast tier). Score: killed over the mutants that ran, less the "
+             "equivalents (`benchmarks/mutation_equivalent.txt`); a timed-out mutant counts as killed.", "",
+             "| " + " | ".join(header) + " |", "|:--|" + "--:|" * (len(header) - 3) + ":--|:--|"]
+    for module in mutated_modules():
+        entry = modules.get(module)
+        if entry is None:
+            lines.append(f"| {module} | not run yet |" + " |" * (len(header) - 2))
+            continue
+        score = "–" if entry["score_percent"] is None else f"{entry['score_percent']}%"
+        cells = [module, entry["mutants"], entry["killed"], entry["survived"], entry["no tests"], entry["not run"],
+                 entry["equivalent"], score, entry.get("seconds") or "–", entry.get("commit", "")[:10],
+                 entry.get("date", "")]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def git_commit() -> str:
     done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
     return done.stdout.strip()
@@ -154,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         results["modules"][module] = entry
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        out.with_suffix(".md").write_text(markdown_table(results["modules"]))
         print(f"{module}: {entry['score_percent']}% of {entry['mutants'] - entry['not run']} mutants killed "
               f"({entry['not run']} not run) in {entry['seconds']} s")
 
