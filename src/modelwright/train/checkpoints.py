@@ -190,7 +190,7 @@ def _saved_config(saved: Path) -> dict:
         return {}
     try:
         data = yaml.safe_load(saved.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):  # unreadable, not text, not YAML: no config
         return {}
     return data if isinstance(data, dict) else {}
 
