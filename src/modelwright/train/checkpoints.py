@@ -3,6 +3,7 @@ checkpoint checked to be a whole Lightning checkpoint of this model before anyth
 told apart; and the arguments a resumed run may change (:data:`MAY_CHANGE_ON_RESUME`), all others compared
 with the checkpoint's run."""
 
+import re
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -78,7 +79,8 @@ def _load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # a zip of something else, a pickle torch will not read: the user's file
-        reason = " ".join(str(err).split())[:200]
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", str(err))  # torch's message bolds a word for terminals
+        reason = " ".join(plain.split())[:200]
         message = f"ckpt_path: {path} is not a PyTorch checkpoint ({type(err).__name__}: {reason})"
         raise ConfigError(message) from None
 
@@ -214,7 +216,6 @@ def _differences(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]
     """Each key of both flat configs that differs and may not change on resume, as ``key: before -> now``."""
     differences = []
     for key in sorted(before.keys() & now.keys()):
-        may_change = any(key == allowed or key.startswith(f"{allowed}.") for allowed in MAY_CHANGE_ON_RESUME)
-        if not may_change and before[key] != now[key]:
+        if key not in MAY_CHANGE_ON_RESUME and before[key] != now[key]:
             differences.append(f"{key}: {before[key]!r} -> {now[key]!r}")
     return differences
