@@ -140,7 +140,7 @@ def test_budget_table_says_where_each_entry_ended():
         "| amp | 470 | 1,000 | 1,010 | yes | 2 | 6.2× | yes: batch 494, 1,100 MiB |",
         "| checkpointing-block | 600 | 1,000 | 1,100 | no | 2 | – | not run |",
         "| compile | – | – | – | oom | 1 | – | not run |",
-        "| fused | 80 | 1,000 | 1,000 | yes | 1 | 1.1× | no: batch 84, – MiB |"])
+        "| fused | 80 | 1,000 | 1,000 | yes | 1 | 1.1× | unknown: batch 84 recorded no peak |"])
 
 
 def test_technique_summary_gives_each_run_its_ratios_to_the_baseline(mixed_rows):

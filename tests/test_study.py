@@ -258,6 +258,29 @@ def test_budget_confirms_the_planners_batch_corrects_a_miss_then_runs_a_few_perc
     assert over[2]["confirmed_batch"] == 90 and all(x["budget_mib"] == 200.0 for *_, x in ran)
 
 
+@pytest.mark.parametrize(("over_peak", "verdict"), [
+    (None, "batch 95 recorded no peak: not known to be the largest"),  # the run over it failed
+    (150.0, "batch 95 peaks at 150 MiB: not the largest (batch + 5.0% fits)"),
+    (250.0, "batch 95 peaks at 250 MiB: the largest"),
+])
+def test_the_budget_batch_is_called_the_largest_only_where_the_run_over_it_exceeded(tmp_path, capsys, monkeypatch,
+                                                                                     over_peak, verdict):
+    entry = plan.Entry("baseline", "configs/baseline.yaml")
+    study, ran = _budget_study(tmp_path, [entry], ["baseline"], predict=True)
+    monkeypatch.setattr(planner.memory, "rehearsal", lambda config: _FakeRehearsal())
+    confirm = study.run
+
+    def run_over_at(spec, progress):
+        record = confirm(spec, progress)
+        if spec.extra.get("role") == "over":
+            record["memory"]["peak_allocated_mib"] = over_peak
+        return record
+
+    study.run = run_over_at
+    budget.budget_phase(study, [entry], runner.Progress(0), budget_mib=200.0)
+    assert capsys.readouterr().err.rstrip().endswith(f"batch 90 fits 200 MiB, {verdict}")
+
+
 def test_budget_without_a_prediction_is_skipped_with_one_line(tmp_path, capsys, monkeypatch):
     entry = plan.Entry("baseline", "configs/baseline.yaml")
     study, ran = _budget_study(tmp_path, [entry], ["baseline"])

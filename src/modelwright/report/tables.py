@@ -165,7 +165,9 @@ def budget_outcome(row: BudgetRow) -> str:
     """Whether the run a few percent over the largest batch exceeded the budget, as a table cell."""
     if row.over_batch is None:
         return "not run"
-    exceeds = "yes" if row.over_mib is not None and row.over_mib > row.budget_mib else "no"
+    if row.over_mib is None:
+        return f"unknown: batch {row.over_batch} recorded no peak"
+    exceeds = "yes" if row.over_mib > row.budget_mib else "no"
     return f"{exceeds}: batch {row.over_batch}, {sig(row.over_mib)} MiB"
 
 

@@ -133,8 +133,11 @@ def _largest_batch(runs: _BudgetRuns) -> None:
         return
     over = confirmed + max(1, math.ceil(confirmed * OVER_FRACTION))
     peak = peak_mib(runs.run(over, role="over", confirmed_batch=confirmed))
+    over_peak = f"peaks at {fmt.sig(peak)} MiB"
     verdict = f"not the largest (batch + {fmt.pct(OVER_FRACTION)} fits)"
-    if peak is not None and peak > runs.budget_mib:
+    if peak is None:
+        over_peak = "recorded no peak"
+        verdict = "not known to be the largest"
+    elif peak > runs.budget_mib:
         verdict = "the largest"
-    say(f"{name}: batch {confirmed} fits {fmt.sig(runs.budget_mib)} MiB, batch {over} peaks at "
-        f"{fmt.sig(peak)} MiB: {verdict}")
+    say(f"{name}: batch {confirmed} fits {fmt.sig(runs.budget_mib)} MiB, batch {over} {over_peak}: {verdict}")
