@@ -443,25 +443,6 @@ def _info(flags: str, vendor: str = "GenuineIntel", family: int = 6) -> dict:
     return {"flags": flags, "vendor_id": vendor, "cpu family": str(family)}
 
 
-@pytest.mark.parametrize(
-    ("info", "dtype", "per_cycle"),
-    [
-        (_info("avx avx2 fma"), torch.float32, 32),
-        (_info("avx avx2 fma", "AuthenticAMD", 25), torch.bfloat16, 32),  # Zen 3: no bf16 instructions
-        (_info("avx2 fma avx512f avx512_bf16", "AuthenticAMD", 25), torch.float32, 32),  # Zen 4: 256-bit FMAs
-        (_info("avx2 fma avx512f avx512_bf16", "AuthenticAMD", 25), torch.bfloat16, 64),
-        (_info("avx2 fma avx512f", "AuthenticAMD", 26), torch.float32, 64),  # Zen 5: full 512-bit units
-        (_info("avx2 fma avx512f avx512_bf16"), torch.float32, 64),  # Xeon, 2 FMA units
-        (_info("avx2 fma avx512f avx512_bf16"), torch.bfloat16, 128),
-        (_info("avx2 fma avx512f avx512_bf16 amx_bf16"), torch.bfloat16, 1024),
-        (_info("avx2 fma avx512f"), torch.float64, 32),
-        (_info("sse2"), torch.float32, None),
-    ],
-)
-def test_cpu_flop_per_cycle_follows_the_instruction_set(info, dtype, per_cycle):
-    assert flops_mod._cpu_flop_per_cycle(dtype, info)[0] == per_cycle
-
-
 def test_cpu_hardware_peak_is_cores_times_flop_per_cycle_times_clock(monkeypatch, tmp_path):
     info = {**_info("avx2 fma avx512f avx512_bf16", "AuthenticAMD", 25), "siblings": "4", "cpu cores": "2"}
     monkeypatch.setattr(flops_mod, "cpuinfo", lambda: info)

@@ -28,9 +28,8 @@ def meta_copy(module: nn.Module) -> nn.Module:
     """A copy of ``module`` on the meta device, without ``torch.compile`` and the forwards replaced on
     instances (gradient checkpointing), so FLOPs counted on it are model FLOPs, without recomputation."""
     module = getattr(module, "_orig_mod", module)
-    # nn.Module.compile() keeps its compiled call on the instance.
-    memo: dict[int, Any] = {id(m.__dict__["_compiled_call_impl"]): None for m in module.modules()
-                            if m.__dict__.get("_compiled_call_impl") is not None}
+    # nn.Module.compile()'s compiled call is not copied: nn.Module.__getstate__ leaves it out.
+    memo: dict[int, Any] = {}
     for t in [*module.parameters(), *module.buffers()]:
         meta = torch.empty_like(t, device="meta")
         if isinstance(t, nn.Parameter):
@@ -121,7 +120,7 @@ def _gpu_peak(device: torch.device, dtype: torch.dtype) -> PeakFlops:
 
 def _cpu_flop_per_cycle(dtype: torch.dtype, info: dict[str, str]) -> tuple[int | None, str]:
     """FLOP per cycle per core of the widest instruction set this CPU reports, and its name."""
-    flags = set(info.get("flags", info.get("features", "")).split())
+    flags = set(info.get("flags", info.get("Features", "")).split())  # arm64 Linux: "Features"
     amd_before_zen5 = info.get("vendor_id") == "AuthenticAMD" and int(info.get("cpu family", "0") or 0) < 26
     if "avx512f" in flags:  # Zen 4 executes 512-bit FMAs as two 256-bit halves
         fp32, isa = (32, "AVX-512 on 256-bit FMA units") if amd_before_zen5 else (64, "AVX-512, 2 FMA units")
