@@ -325,3 +325,16 @@ def test_training_flops_count_the_loss_given():
     projection = torch.ones(o, 3, device="meta")  # a loss with a matmul of its own: 2·B·O·3 more, and its backward
     flops = training_flops(net, torch.randn(b, i), loss_fn=lambda out: (out @ projection).sum())
     assert flops == 4 * b * i * o + 2 * b * o * 3 + 2 * b * o * 3
+
+
+@pytest.mark.parametrize(("entries", "isa"), [
+    ({"flags": "fpu sse2 avx2 fma"}, "avx2"),
+    ({"flags": "avx2 avx512f avx512_bf16"}, "avx512"),
+    ({"Features": "fp asimd evtstrm aes"}, "asimd"),  # arm64 Linux names its flags line "Features"
+    ({}, None),
+])
+def test_the_records_vector_instruction_set_is_read_from_either_flags_line(monkeypatch, entries, isa):
+    from modelwright.measure import facts
+
+    monkeypatch.setattr(facts, "cpuinfo", lambda: entries)
+    assert facts.vector_isa() == isa

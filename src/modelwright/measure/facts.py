@@ -42,7 +42,10 @@ VECTOR_ISAS = ("avx512", "avx2", "neon", "asimd")
 def vector_isa(flags: str | None = None) -> str | None:
     """The widest vector instruction set of :data:`VECTOR_ISAS` in a ``/proc/cpuinfo`` flags line (default:
     this machine's), or None. One model name ("AMD EPYC") covers machines with and without AVX-512."""
-    found = set((cpuinfo().get("flags", "") if flags is None else flags).split())
+    if flags is None:
+        info = cpuinfo()
+        flags = info.get("flags", info.get("Features", ""))  # arm64 Linux: "Features"
+    found = set(flags.split())
     return next((isa for isa in VECTOR_ISAS if isa in found or f"{isa}f" in found), None)
 
 
