@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or REPO_ROOT / "results" / hardware_slug("cpu") / "mutation.json"
     results = json.loads(out.read_text()) if out.exists() else {"modules": {}}
     equivalents = read_equivalents()
+    commit = git_commit()  # the sources mutated: HEAD as the run starts
     for module in args.module or mutated_modules():
         if args.score_only:
             # Rescored (equivalents changed, a run interrupted): the run's own figures stay.
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
                 "seconds_per_mutant_run": round(seconds / max(mutants_run, 1), 1),
                 **score(module, seconds, equivalents),
                 "mutmut": version("mutmut"),
-                "commit": git_commit(),
+                "commit": commit,
                 "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
                 "max_children": args.max_children,
                 "tests": "fast tier (-m 'not slow'), the tests that reach each mutant",
