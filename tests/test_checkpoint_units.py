@@ -38,6 +38,7 @@ def _refused(message: str):
 
 
 def _zip(path: Path) -> Path:
+    """A zip at ``path`` that reads as a whole checkpoint file to `loadable` (not to torch.load)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("data.pkl", b"x")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, fit_args
+from test_checkpoint_units import _zip
 from modelwright.record import read_record
 from modelwright.train.cli import cli_main
 
@@ -123,15 +124,6 @@ def test_generic_optimizer_flags_point_to_the_model(flag, capsys):
     assert cli_main(["fit", flag, "Adam"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: {flag[2:]}:") and "--model.optimizer" in line
-
-
-def _zip(path: Path) -> Path:
-    import zipfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr("data.pkl", b"x")
-    return path
 
 
 def test_last_is_the_newest_loadable_checkpoint_of_the_latest_run_that_wrote_one(tmp_path):
