@@ -218,8 +218,8 @@ def limited_batches(length: int, limit: int | float | None) -> int:
     leaves."""
     if limit is None:
         return length
-    if isinstance(limit, int):
-        return min(length, limit)
+    if isinstance(limit, int) or limit > 1:  # Lightning reads a whole float above 1 (2.0) as a count
+        return min(length, int(limit))
     return min(length, int(length * limit))
 
 
