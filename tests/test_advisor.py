@@ -281,13 +281,13 @@ def test_the_advice_from_one_repeat_of_another_machine(rehearsed):
         "Warning: the step times are from AMD EPYC 9B14, 2 cores, avx512, not this machine (AMD EPYC 9B14, "
         "2 cores, avx2; another vector instruction set): a technique's speed there (bf16 above all) need not be "
         "its speed here; run the study here to time it.\n\n" + HEADER +
-        "| 32-true | off | 1 | 40.0 | 25.0 ms | 1.0× (no verdict (1 repeat)) | yes |\n"
+        "| 32-true | off | 1 | 40.0 | 25.0 ms | 1.0× (no verdict: 1 repeat) | yes |\n"
         "| 32-true | off | 2 | 30.0 | unknown | – | yes |\n"
-        "| bf16-mixed | off | 1 | 32.0 | 12.5 ms | 0.50× (no verdict (1 repeat)) | yes |\n"
+        "| bf16-mixed | off | 1 | 32.0 | 12.5 ms | 0.50× (no verdict: 1 repeat) | yes |\n"
         "| bf16-mixed | off | 2 | 26.0 | unknown | – | yes |\n\n"
         "Recommended: the plain run, 32-true, 1 × off — predicted peak 40.0 MiB. Why: the plain run fits, and "
-        "no technique is measurably faster: bf16-mixed 0.50× (no verdict (1 repeat)), stage 1.2× (no verdict "
-        "(1 repeat)) (the baseline's repeats spread no spread with 1 repeat).")
+        "no technique is measurably faster: bf16-mixed 0.50× (no verdict: 1 repeat), stage 1.2× (no verdict: "
+        "1 repeat) (the baseline ran once).")
 
 
 def _untimed_advice(budget_gib: str, fits: str, answer: str) -> str:

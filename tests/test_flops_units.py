@@ -269,6 +269,19 @@ def test_clock_cache_file_default_folder_and_damage(monkeypatch, tmp_path):
     assert flops_mod.cpu_clock_hz() == (3.0e9, flops_mod.CLOCK_METHOD) and len(measurements) == 4
 
 
+@pytest.mark.parametrize("damaged_entry", [{}, {"clock_hz": None}, {"clock_hz": "fast"}, {"clock_hz": -1.0},
+                                           {"clock_hz": 0}, "3e9"])
+def test_a_damaged_cache_entry_is_measured_again(monkeypatch, tmp_path, damaged_entry):
+    monkeypatch.setenv("MODELWRIGHT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(flops_mod, "_timed_add_loop_hz", lambda: 3.0e9)
+    monkeypatch.setattr(flops_mod, "cpu_model", lambda: "Test CPU")
+    current = {"method": flops_mod.CLOCK_METHOD, "definitions": DEFINITIONS_VERSION}
+    entry = {**current, **damaged_entry} if isinstance(damaged_entry, dict) else damaged_entry
+    (tmp_path / "cpu_clock.json").write_text(json.dumps({"Test CPU": entry}))
+    assert flops_mod.cpu_clock_hz() == (3.0e9, flops_mod.CLOCK_METHOD)
+    assert json.loads((tmp_path / "cpu_clock.json").read_text())["Test CPU"] == {"clock_hz": 3.0e9, **current}
+
+
 def test_clock_from_cpuinfo_when_it_cannot_be_measured(monkeypatch, tmp_path):
     monkeypatch.setenv("MODELWRIGHT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(flops_mod, "_timed_add_loop_hz", lambda: None)

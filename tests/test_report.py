@@ -87,7 +87,7 @@ def test_verdict_needs_the_baselines_repeat_spread():
     assert study_rows.verdict(1.07, band) == "no measurable change"  # was "slower" when 3 steps of one run decided
     assert study_rows.verdict(0.93, band) == "no measurable change"
     assert study_rows.verdict(0.92, band) == "faster" and study_rows.verdict(1.08, band) == "slower"
-    assert study_rows.verdict(0.56, None) == "no verdict (1 repeat)"
+    assert study_rows.verdict(0.56, None) == "no verdict: 1 repeat"
 
 
 def test_the_band_is_the_repeats_min_and_max_about_their_median_not_twice_it():
@@ -106,7 +106,7 @@ def test_the_band_is_the_repeats_min_and_max_about_their_median_not_twice_it():
 
 def test_a_baseline_of_one_repeat_gives_no_verdict():
     text = tables.main_table(study_rows.build_rows([rec("baseline", 2000, 700), rec("amp", 1000, 400, index=1)]))
-    assert cells(text, "amp")[5:9] == ["– (1 repeat)", "0.50×", "– (1 repeat)", "no verdict (1 repeat)"]
+    assert cells(text, "amp")[5:9] == ["– (1 repeat)", "0.50×", "– (1 repeat)", "no verdict: 1 repeat"]
 
 
 def test_mixed_commits_are_refused_in_one_line_unless_allowed(tmp_path):

@@ -76,12 +76,12 @@ def test_main_table_shows_every_finished_run_and_every_column(mixed_rows):
         "| amp [a,b] | bf16-mixed, 128, AdamW for-loop | 350 | 0.50× | 1,500 | 1,400–1,600 (2) | 0.71× "
         "| 0.700–0.762× (2 pairs) | faster | 85.7 | 50% | 36 s | $0.00082 | $0.00026 | 2.20 |",
         "| compile [a] | 32-true, 128, compile, system malloc, AdamW for-loop | not measured | – | 2,100 "
-        "| – (1 repeat) | 1.0× | – (1 repeat) | no verdict (1 repeat) | 61.0 | 50% | 50 s | $0.0011 | $0.00037 "
+        "| – (1 repeat) | 1.0× | – (1 repeat) | no verdict: 1 repeat | 61.0 | 50% | 50 s | $0.0011 | $0.00037 "
         "| 2.20 |",
         "| short [a] | 32-true, 128, AdamW for-loop | 690 | 0.99× | 1,050 | – (1 repeat) | 0.50× | – (1 repeat) "
-        "| no verdict (1 repeat) | 122 | 50% | not measured | not measured | $0.00019 | – |",
+        "| no verdict: 1 repeat | 122 | 50% | not measured | not measured | $0.00019 | – |",
         "| gpu [a] | 32-true, 128, AdamW for-loop | 400 | 0.57× | 50.0 | – (1 repeat) | 0.024× | – (1 repeat) "
-        "| no verdict (1 repeat) | 2,560 | 50% | not measured | – | – | 2.20 |"])
+        "| no verdict: 1 repeat | 2,560 | 50% | not measured | – | – | 2.20 |"])
 
 
 def test_price_notes_name_each_price_used_and_the_devices_without_one(mixed_rows):
@@ -94,16 +94,17 @@ def test_price_notes_name_each_price_used_and_the_devices_without_one(mixed_rows
 
 def test_anatomy_table_has_a_column_per_category_any_run_holds(mixed_rows):
     """Activations: peak − 160 MiB of parameters, gradients and optimizer state. More than 1 MiB left after the
-    step is an artifact; a category only the GPU run recorded is a dash elsewhere."""
+    step is an artifact; a category only the GPU run recorded is a dash elsewhere, and so is what no record
+    holds ("other", the GPU run's activations left); a compiled run on a CPU has no anatomy."""
     assert tables.anatomy_table(mixed_rows) == "\n".join([
         "| run | parameters | gradients | optimizer state | activations | temporaries | other "
         "| communication buffers | peak | activations left after the step |",
         "|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
-        "| baseline | 40.0 | 40.0 | 80.0 | 540 | 0 | 0 | – | 700 | 0.500 |",
-        "| amp | 40.0 | 40.0 | 80.0 | 190 | 0 | 0 | – | 350 | 1.00 |",
-        "| compile | 40.0 | 40.0 | 80.0 | 540 | 0 | 0 | – | – | 5.00 (artifact) |",
-        "| short | 40.0 | 40.0 | 80.0 | 530 | 0 | 0 | – | 690 | 2.00 (artifact) |",
-        "| gpu | 40.0 | 40.0 | 80.0 | 240 | 0 | 0 | 12.0 | 400 | 0 |"])
+        "| baseline | 40.0 | 40.0 | 80.0 | 540 | 0 | – | – | 700 | 0.500 |",
+        "| amp | 40.0 | 40.0 | 80.0 | 190 | 0 | – | – | 350 | 1.00 |",
+        "| compile | – | – | – | – | – | – | – | – | – |",  # its tracker saw eager code only
+        "| short | 40.0 | 40.0 | 80.0 | 530 | 0 | – | – | 690 | 2.00 (artifact) |",
+        "| gpu | 40.0 | 40.0 | 80.0 | 240 | 0 | – | 12.0 | 400 | – |"])
 
 
 def test_epoch_table_lists_each_measured_epoch_and_dashes_what_it_lacks(mixed_rows):
@@ -151,9 +152,9 @@ def test_technique_summary_gives_each_run_its_ratios_to_the_baseline(mixed_rows)
         "| largest batch under the budget | cost per epoch |",
         "|:--|--:|:--|:--|--:|--:|--:|",
         "| amp | 0.50× | 0.71× (faster) | 0.700–0.762× (2 pairs) | 0.50× | 6.2× | 0.50× |",
-        "| compile | – | 1.0× (no verdict (1 repeat)) | – (1 repeat) | 0.69× | – | 0.69× |",
-        "| short | 0.99× | 0.50× (no verdict (1 repeat)) | – (1 repeat) | – | – | – |",
-        "| gpu | 0.57× | 0.024× (no verdict (1 repeat)) | – (1 repeat) | – | – | – |"])
+        "| compile | – | 1.0× (no verdict: 1 repeat) | – (1 repeat) | 0.69× | – | 0.69× |",
+        "| short | 0.99× | 0.50× (no verdict: 1 repeat) | – (1 repeat) | – | – | – |",
+        "| gpu | 0.57× | 0.024× (no verdict: 1 repeat) | – (1 repeat) | – | – | – |"])
 
 
 def test_a_run_with_an_epoch_against_a_baseline_without_one():
@@ -164,10 +165,10 @@ def test_a_run_with_an_epoch_against_a_baseline_without_one():
     failed["status"] = "failed"
     rows = study_rows.build_rows([rec("baseline", 2000, 700), amp, failed, epoch_record("amp", 36.0, 32, 4.0, 1)])
     assert tables.technique_summary(rows, []).splitlines()[2:] == [
-        "| amp | 0.57× | 0.50× (no verdict (1 repeat)) | – (1 repeat) | – | – | – |"]
+        "| amp | 0.57× | 0.50× (no verdict: 1 repeat) | – (1 repeat) | – | – | – |"]
     assert tables.main_table(rows).splitlines()[3] == (
         "| amp | bf16-mixed, 128, AdamW for-loop | 400 | 0.57× | 1,000 | – (1 repeat) | 0.50× | – (1 repeat) "
-        "| no verdict (1 repeat) | – | 50% | 36 s | $0.00082 | – | 2.20 |")
+        "| no verdict: 1 repeat | – | 50% | 36 s | $0.00082 | – | 2.20 |")
 
 
 def gpu_record(name: str, world_size: object = 2, kind: str = "run") -> dict:
@@ -205,6 +206,9 @@ def test_an_epoch_on_a_device_without_a_price_has_no_cost():
     del epoch["hardware"]
     (row,) = study_rows.build_rows([rec("baseline", 2000, 700), epoch])
     assert tables.row_cost(row)[:2] == (None, pytest.approx(1000 / 64 * CPU_USD_PER_S))
+    assert tables.cost_cells(row)[0] == "–"  # measured, but not priced
+    (unmeasured,) = study_rows.build_rows([rec("baseline", 2000, 700)])
+    assert tables.cost_cells(unmeasured)[0] == "not measured"
 
 
 def test_attention_table_keeps_the_benchmarks_order_of_implementations_and_sorts_lengths():

@@ -131,6 +131,14 @@ def test_adafactors_state_is_read_from_the_record_as_measured():
         measured_optimizer_bytes(record, "adafactor")
 
 
+def test_a_record_without_parameter_counts_names_the_parameter_key():
+    record = _record()
+    del record["techniques"]["trainable_parameters"]
+    del record["memory"]["model_parameters"]
+    with pytest.raises(KeyError, match=r"record is missing 'memory.model_parameters' \(adafactor's state per parameter\)"):
+        measured_optimizer_bytes(record, "adafactor")
+
+
 # --- what TP and PP can split ------------------------------------------------------------------------------
 
 

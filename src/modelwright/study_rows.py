@@ -46,10 +46,16 @@ def provenance_group(record: Mapping) -> str:
     return f"commit {str(provenance.get('commit'))[:10]}, definitions {provenance.get('definitions')}"
 
 
+def tracked_eagerly(record: Mapping) -> bool:
+    """A compiled run on a CPU: MemTracker is a TorchDispatchMode, under it Dynamo falls back to eager, so
+    its memory figures are eager code's, not the compiled run's."""
+    return bool(get_path(record, "techniques.compile")) and get_path(record, "hardware.accelerator") == "cpu"
+
+
 def peak_mib(record: Mapping) -> float | None:
-    """The measured peak; None where the memory tracker saw eager code only (a compiled run on a CPU)."""
-    if get_path(record, "techniques.compile") and get_path(record, "hardware.accelerator") == "cpu":
-        return None  # MemTracker is a TorchDispatchMode: under it Dynamo falls back to eager
+    """The measured peak; None where the memory tracker saw eager code only."""
+    if tracked_eagerly(record):
+        return None
     return finite(get_path(record, "memory.peak_allocated_mib"))
 
 
@@ -171,7 +177,7 @@ class Figures:
 
     peak_mib: float | None = None
     anatomy: dict[str, float | None] = field(default_factory=dict)
-    end_activations: float = 0.0
+    end_activations: float | None = None
     step_ms: float | None = None
     step_lo: float | None = None
     step_hi: float | None = None
@@ -193,7 +199,8 @@ def anatomy_medians(ok: Sequence[Mapping]) -> dict[str, float | None]:
     anatomy = {key: median([get_path(record, f"memory.anatomy_mib.{key}") for record in ok])
                for key in keys if key not in ("buffers", "total")}
     buffers = median([get_path(record, "memory.anatomy_mib.buffers") for record in ok])
-    anatomy["other"] = (anatomy["other"] or 0.0) + (buffers or 0.0)
+    if anatomy["other"] is not None or buffers is not None:  # neither: no anatomy (a compiled run)
+        anatomy["other"] = (anatomy["other"] or 0.0) + (buffers or 0.0)
     return anatomy
 
 
@@ -217,11 +224,13 @@ def figures_of(ok: Sequence[Mapping]) -> Figures:
     steps = [step for step in medians if step is not None]
     step_ms = median(steps)
     losses = [last_loss(record) for record in ok]
-    end_activations = [finite(get_path(record, "memory.anatomy_end_mib.activations")) or 0 for record in ok]
+    measured = [record for record in ok if not tracked_eagerly(record)]
+    left = [finite(get_path(record, "memory.anatomy_end_mib.activations")) for record in measured]
+    end_activations = max((mib for mib in left if mib is not None), default=None)
     return Figures(
         peak_mib=median([peak_mib(record) for record in ok]),
-        anatomy=anatomy_medians(ok),
-        end_activations=max(end_activations),
+        anatomy=anatomy_medians(measured),
+        end_activations=end_activations,
         step_ms=step_ms,
         step_lo=min(steps, default=None),
         step_hi=max(steps, default=None),
@@ -320,7 +329,7 @@ def verdict(time_ratio: float | None, spread: PairedInterval | SpreadBand | None
     if time_ratio is None:
         return DASH
     if spread is None:
-        return "no verdict (1 repeat)"
+        return "no verdict: 1 repeat"
     low, high = spread.around(time_ratio)
     if low <= 1 <= high:
         return "no measurable change"

@@ -170,6 +170,10 @@ def _timed_add_loop_hz(iterations: int = 2_000_000, repeats: int = 5) -> float |
     return iterations * _X86_ADDS / min(seconds[10:])
 
 
+def _is_positive_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
 def cpu_clock_hz() -> tuple[float | None, str]:
     """The CPU's clock and how it was found: measured once per machine (:data:`CLOCK_METHOD`), else cpuinfo
     MHz; cached in ``$MODELWRIGHT_CACHE_DIR/cpu_clock.json`` (default ``~/.cache/modelwright``) per method and
@@ -181,8 +185,10 @@ def cpu_clock_hz() -> tuple[float | None, str]:
     except (OSError, ValueError, TypeError):  # none yet, or damaged
         cache = {}
     current = {"method": CLOCK_METHOD, "definitions": DEFINITIONS_VERSION}
-    if isinstance(entry := cache.get(cpu_model()), dict) and current.items() <= entry.items():
-        return float(entry["clock_hz"]), CLOCK_METHOD
+    entry = cache.get(cpu_model())
+    cached = entry.get("clock_hz") if isinstance(entry, dict) and current.items() <= entry.items() else None
+    if _is_positive_number(cached):  # else: none for this machine, or a damaged entry
+        return float(cached), CLOCK_METHOD
     hz = _timed_add_loop_hz()
     if hz is None:
         mhz = cpuinfo().get("cpu MHz")

@@ -199,10 +199,10 @@ def technique_verdicts(times: StepTimes) -> str:
     """Each measured technique's step over the baseline's, with the study's verdict on it."""
     if not times.slowdowns:
         return "no step times (no study records) to show one"
-    spread = times.band.text() if times.band else "no spread with 1 repeat"
+    spread = f"the baseline's repeats spread {times.band.text()}" if times.band else "the baseline ran once"
     verdicts = [f"{technique} {ratio(found.factor)} ({times.verdict(found.factor)})"
                 for technique, found in times.slowdowns.items()]
-    return ", ".join(verdicts) + f" (the baseline's repeats spread {spread})"
+    return ", ".join(verdicts) + f" ({spread})"
 
 
 def recommend(config: Mapping, batch: int, budget_mib: float, records: Sequence[Mapping] = ()) -> Option | None:

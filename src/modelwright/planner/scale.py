@@ -140,8 +140,10 @@ def measured_optimizer_bytes(record: Mapping, optimizer: str) -> float | None:
         return None
     measured = get_path(record, "memory.anatomy_mib.optimizer_state")
     params = get_path(record, "techniques.trainable_parameters") or get_path(record, "memory.model_parameters")
-    if measured is None or not params:
+    if measured is None:
         raise KeyError(f"record is missing 'memory.anatomy_mib.optimizer_state' ({optimizer}'s state)")
+    if not params:
+        raise KeyError(f"record is missing 'memory.model_parameters' ({optimizer}'s state per parameter)")
     return measured * MIB / params
 
 

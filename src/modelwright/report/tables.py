@@ -80,7 +80,10 @@ def cost_cells(row: Row) -> list[str]:
     cost = row_cost(row)
     if cost is None:
         return [DASH, DASH]
-    per_epoch = usd(cost.per_epoch) if cost.per_epoch is not None else "not measured"
+    if cost.per_epoch is not None:
+        per_epoch = usd(cost.per_epoch)
+    else:  # no epoch run, or one on a device without a price
+        per_epoch = "not measured" if row.epoch is None else DASH
     return [per_epoch, usd(cost.per_1000_samples)]
 
 
@@ -155,7 +158,7 @@ def anatomy_table(rows: Sequence[Row]) -> str:
     for row in ok:
         left = row.figures.end_activations
         cells = [sig(row.figures.anatomy.get(key)) for key in keys]
-        left_text = sig(left) + (" (artifact)" if left > 1 else "")
+        left_text = sig(left) + (" (artifact)" if left is not None and left > 1 else "")
         body.append([row.name, *cells, sig(row.figures.peak_mib), left_text])
     header = ["run", *(key.replace("_", " ") for key in keys), "peak", "activations left after the step"]
     return table(header, body)
