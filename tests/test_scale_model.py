@@ -135,7 +135,8 @@ def test_a_record_without_parameter_counts_names_the_parameter_key():
     record = _record()
     del record["techniques"]["trainable_parameters"]
     del record["memory"]["model_parameters"]
-    with pytest.raises(KeyError, match=r"record is missing 'memory.model_parameters' \(adafactor's state per parameter\)"):
+    missing = r"record is missing 'memory.model_parameters' \(adafactor's state per parameter\)"
+    with pytest.raises(KeyError, match=missing):
         measured_optimizer_bytes(record, "adafactor")
 
 
