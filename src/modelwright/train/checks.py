@@ -164,7 +164,7 @@ def check_run(trainer: Mapping, data: DataArgs | ImageFolderArgs, world_size: in
             "the run would train nothing")
     interval = trainer.get("val_check_interval")
     validates = trainer.get("check_val_every_n_epoch") is not None and trainer.get("limit_val_batches") != 0
-    if _is_number(interval) and interval > 1 and validates:  # a count: Lightning reads 5.0 as 5 batches
+    if _is_number(interval) and validates:  # a count (5.0 is 5 batches); a fraction <= 1 fits
         require(interval <= limited, f"trainer.val_check_interval: {interval} batches, but an epoch has "
                 f"{limited} ({samples} samples, data.batch_size {data.batch_size}{per_process}); at most "
                 f"{limited}, a fraction, or check_val_every_n_epoch: null")
