@@ -253,3 +253,14 @@ def test_the_next_version_follows_the_highest_as_lightning_numbers_runs(tmp_path
     assert next_version(accelerator, tmp_path) == tmp_path / "version_4"
     assert next_version(accelerator, tmp_path) == tmp_path / "version_5"
     assert next_version(accelerator, tmp_path / "new") == tmp_path / "new" / "version_0"
+
+
+@pytest.mark.parametrize(("interval", "val_every"), [(3, 3), (3.0, 3), (1.0, 10), (0.25, 2), (0.01, 1)])
+def test_a_whole_float_validation_interval_counts_batches_as_lightning_reads_it(interval, val_every):
+    """Lightning takes a whole float above 1 as a count of batches (3.0 is every 3 batches) and a fraction up to
+    1 of the epoch's 10 batches (0.25: every 2; never under 1)."""
+    from modelwright.loops.accelerate import _lengths
+    from modelwright.train.args import TrainerArgs
+
+    lengths = _lengths(TrainerArgs(max_epochs=1, val_check_interval=interval), train_length=10, val_length=4)
+    assert lengths["val_every"] == val_every and lengths["train_batches"] == 10

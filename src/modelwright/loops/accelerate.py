@@ -77,9 +77,11 @@ class Run:
 EXTRA_ARGUMENTS = {
     "warmup_steps": (int, 2, "optimizer steps left out of timing and memory peaks; the next one's anatomy is "
                              "captured"),
-    "out": (str, "lightning_logs", "the folder that holds <name>/accelerate/version_N (Lightning's save_dir)"),
+    "out": (str, "lightning_logs",
+            "the folder that holds <name>/accelerate/version_N (Lightning's save_dir)"),
 }
-USAGE = """usage: python -m modelwright accelerate [--config FILE ...] [--key=value ...] [--warmup_steps N] [--out DIR]
+USAGE = """usage: python -m modelwright accelerate [--config FILE ...] [--key=value ...] [--warmup_steps N] \
+[--out DIR]
 
 Train as `main.py fit` does, in a plain Hugging Face Accelerate loop, and write the run record (loop:
 accelerate) to <out>/<trainer.logger.init_args.name>/accelerate/version_N/record.json, the next free N. The
@@ -141,8 +143,8 @@ def refuse_unused_trainer_keys(trainer_config: dict) -> None:
             continue
         default = defaults[key].default
         require(value == default, f"trainer.{key}: the accelerate loop does not apply it (got {value!r}; "
-                f"Lightning's default is {default!r}); `python -m modelwright accelerate --help` lists what it "
-                "reads")
+                f"Lightning's default is {default!r}); `python -m modelwright accelerate --help` lists what "
+                "it reads")
 
 
 def train(run: Run, probe: measure.StepProbe, history: "History", model: ModelArgs,
@@ -236,7 +238,9 @@ def _lengths(trainer: TrainerArgs, train_length: int, val_length: int) -> dict[s
             f"trainer.limit_train_batches: {train_batches} batches, not a multiple of "
             f"accumulate_grad_batches {accumulate}")
     interval = trainer.val_check_interval
-    val_every = interval if isinstance(interval, int) else max(1, int(train_batches * interval))
+    # A whole float above 1 counts batches too, as Lightning reads it.
+    counts_batches = isinstance(interval, int) or interval > 1
+    val_every = int(interval) if counts_batches else max(1, int(train_batches * interval))
     steps_per_epoch = math.ceil(train_batches / accumulate)
     if trainer.max_epochs is not None:
         max_epochs = trainer.max_epochs
