@@ -6,8 +6,8 @@ per-epoch cost shows most; ``--accelerator cuda --batch-size 256 --steps 30`` on
 
 The three loops train the same network (one of :mod:`modelwright.train.models`), on the same data
 (:class:`modelwright.train.data.ImageDataModule`'s training loader, synthetic), with the same batch, precision,
-optimizer and schedule (:func:`modelwright.techniques.build_optimizer` / ``train.optim.build_scheduler``, hyperparameters from
-``configs/base.yaml``), for the same number of steps:
+optimizer and schedule (:func:`modelwright.techniques.build_optimizer` / ``train.optim.build_scheduler``,
+hyperparameters from ``configs/base.yaml``), for the same number of steps:
 
 * ``raw``: a plain loop (autocast for mixed precision, ``GradScaler`` for fp16; the base config's ``channels_last``,
   ``compile`` and ``cpu_malloc``, process settings the other two loops get from the config too); no metric, no

@@ -215,7 +215,8 @@ class RunMonitor(Callback):
         requested = (config.get("trainer") or {}).get("precision")
         strategy = type(trainer.strategy).__name__
         loop = techniques.LoopFacts(
-            precision=str(trainer.precision), precision_requested=None if requested is None else str(requested),
+            precision=str(trainer.precision),
+            precision_requested=None if requested is None else str(requested),
             accumulate_grad_batches=trainer.accumulate_grad_batches,
             strategy=_STRATEGY_NAMES.get(strategy, strategy.removesuffix("Strategy").lower()),
             strategy_class=strategy, world_size=trainer.world_size, num_nodes=trainer.num_nodes)

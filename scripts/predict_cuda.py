@@ -111,7 +111,8 @@ def predictions(rows: list[tuple[str, dict | None, str | None]], budget_runs: li
         peak = cuda.predict_cuda_peak(rehearsal, int(get_path(resolved, "data.batch_size")),
                                       precision(get_path(resolved, "trainer.precision")).name)
         config = {key: get_path(resolved, key) for key in CONFIG_KEYS}
-        predicted.append({"run": name, "config": config, "rehearsal": rehearsal.json(), **cuda.peak_json(peak)})
+        predicted.append({"run": name, "config": config, "rehearsal": rehearsal.json(),
+                          **cuda.peak_json(peak)})
         if name in budget_runs:
             budget.append(budget_prediction(name, resolved))
     not_predicted.append({"run": "fsdp2 (configs/study/plan_extra.yaml)",
@@ -124,9 +125,9 @@ def document(plan_path: Path) -> dict:
 
     figures = predictions(row_configs(plan_path), study_plan.load_plan(plan_path).budget_runs)
     return {
-        "what": "Each default-study row's CUDA peak on one NVIDIA H200, predicted from its step rehearsed on a "
-                "CPU before any GPU run (the GPU records of results/cuda-nvidia-h200/ come after this file's "
-                "commit).",
+        "what": "Each default-study row's CUDA peak on one NVIDIA H200, predicted from its step rehearsed on "
+                "a CPU before any GPU run (the GPU records of results/cuda-nvidia-h200/ come after this "
+                "file's commit).",
         "predicted_by": {**provenance(["python", "scripts/predict_cuda.py"]), "created_at": now_iso()},
         "settings": {"plan": PLAN, "slug": SLUG, "accelerator": "cuda", "devices": 1,
                      "warmup_steps": 3, "measured_steps": GPU_STEPS, "budget_gib": BUDGET_GIB},
@@ -152,9 +153,9 @@ def figures_of(predicted: dict) -> dict:
 
 def markdown(predicted: dict) -> str:
     lines = [f"# Predicted before any GPU run: {predicted['settings']['slug']}", "",
-             f"Written by `python scripts/predict_cuda.py` at commit `{predicted['predicted_by']['commit']}`, "
-             "each row's step rehearsed on a CPU; the figures and what each rests on: "
-             "[predicted-before-gpu.json](predicted-before-gpu.json).", "",
+             "Written by `python scripts/predict_cuda.py` at commit "
+             f"`{predicted['predicted_by']['commit']}`, each row's step rehearsed on a CPU; the figures and "
+             "what each rests on: [predicted-before-gpu.json](predicted-before-gpu.json).", "",
              "| run | tensors MiB (modelled) | beside tensors MiB (assumed, guessed) | allocated MiB | "
              "with cuDNN's guessed workspace | reserved floor MiB |", "|:--|--:|--:|--:|--:|--:|"]
     for row in predicted["rows"]:

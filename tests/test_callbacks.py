@@ -293,7 +293,8 @@ def test_a_run_reports_itself_on_the_terminal_and_in_tensorboard(tmp_path, capsy
     out = capsys.readouterr().out
     summary = out[out.index("Run " + record["run_id"]):]
     timing, mem, fl = record["timing"], record["memory"], record["flops"]
-    assert "technique   32-true, micro-batch 8 × accumulate 1, checkpointing off, single_device ×1, AdamW for-loop" in summary
+    assert ("technique   32-true, micro-batch 8 × accumulate 1, checkpointing off, single_device ×1, "
+            "AdamW for-loop") in summary
     assert f"median {sig(timing['step_time_median_ms'])} ms, p90 {sig(timing['step_time_p90_ms'])}" in summary
     assert f"throughput  {sig(timing['samples_per_s'])} samples/s" in summary
     parts = {k: v for k, v in mem["anatomy_mib"].items() if k not in ("total", "inputs") and v}

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, fit_args
-from test_checkpoint_units import _zip
 from modelwright.record import read_record
 from modelwright.train.cli import cli_main
+from test_checkpoint_units import _zip
 
 CONFIGS = sorted(path.name for path in (REPO_ROOT / "configs").glob("*.yaml"))
 DISTRIBUTED = {"ddp.yaml", "fsdp2.yaml"}

@@ -81,4 +81,5 @@ def test_the_neutral_layers_import_no_lightning():
     for name, path in MODULES.items():
         if name.startswith(NEUTRAL):
             imported = set(top_level_imports(name, path))
-            assert not {module for module in imported if module.split(".")[0] in ("lightning", "pytorch_lightning")}, name
+            assert not {module for module in imported
+                        if module.split(".")[0] in ("lightning", "pytorch_lightning")}, name

@@ -99,7 +99,8 @@ def test_resolve_config_is_lightningclis_own_parse():
     resolved = plan.resolve_config(["configs/accumulate.yaml"], {"model.lr": 0.1, "trainer.devices": 2})
     assert get_path(resolved, "data.batch_size") == 32  # the delta
     assert resolved["trainer"]["accumulate_grad_batches"] == 4
-    assert get_path(resolved, "model.lr") == 0.1 and get_path(resolved, "model.weight_decay") == 0.05  # override, base.yaml
+    # override, base.yaml
+    assert get_path(resolved, "model.lr") == 0.1 and get_path(resolved, "model.weight_decay") == 0.05
     assert resolved["trainer"]["logger"]["init_args"]["name"] == "accumulate"
     # Defaults no YAML file names: only the CLI's parser knows them (a merge of the files did not).
     assert resolved["trainer"]["logger"]["init_args"]["flush_secs"] == 120
@@ -438,7 +439,8 @@ def test_an_epoch_run_is_one_whole_epoch_as_the_config_has_it():
     base = plan.resolve_config(["configs/accumulate.yaml"])["trainer"]
     for key in ("limit_train_batches", "limit_val_batches", "val_check_interval", "accumulate_grad_batches"):
         assert trainer.get(key) == base.get(key), f"the config's own {key}, not the study window's"
-    assert get_path(spec.resolved, "data.train_size") == get_path(plan.resolve_config(["configs/accumulate.yaml"]), "data.train_size")
+    assert (get_path(spec.resolved, "data.train_size")
+            == get_path(plan.resolve_config(["configs/accumulate.yaml"]), "data.train_size"))
     monitor = next(c for c in trainer["callbacks"] if c["class_path"].endswith("RunMonitor"))
     assert monitor["init_args"]["anatomy"] is False, "a memory capture would slow one of its steps"
     timed = plan.build_spec(entry, 0, _settings(warmup_steps=2, measured_steps=3))

@@ -52,8 +52,8 @@ JOB_TOOLS = ("study", "plan")
 
 
 def job_arguments(argv: list[str]) -> list[str]:
-    """``argv`` with each ``--config FILE`` (``--config=FILE``) gathered into one ``--job=[FILE, ...]``; a name
-    of ``configs/`` (``--config amp``) is its file there, as for ``main.py fit``."""
+    """``argv`` with each ``--config FILE`` (``--config=FILE``) gathered into one ``--job=[FILE, ...]``; a
+    name of ``configs/`` (``--config amp``) is its file there, as for ``main.py fit``."""
     files: list[str] = []
     rest: list[str] = []
     index = 0

@@ -12,9 +12,10 @@ reads to predict it (:data:`PRECISIONS`' bytes per parameter, :data:`OPTIMIZERS`
 | a fine-tune | ``model.init_weights``, ``model.freeze`` | :func:`load_weights`, :func:`freeze` |
 | memory format, compile | ``model.channels_last``, ``model.compile`` | :func:`prepare_network` |
 
-To add one: its argument in :class:`TechniqueArgs` with a check in :meth:`TechniqueArgs.check`, its application
-in :func:`prepare_network` (or its entry in a table here), its facts in :func:`record_section`, its words in
-:func:`setup_words`; a config file that uses it, a test, and a line in README.md's "Add a technique".
+To add one: its argument in :class:`TechniqueArgs` with a check in :meth:`TechniqueArgs.check`, its
+application in :func:`prepare_network` (or its entry in a table here), its facts in :func:`record_section`,
+its words in :func:`setup_words`; a config file that uses it, a test, and a line in README.md's
+"Add a technique".
 """
 
 import math
@@ -251,7 +252,8 @@ class _CheckpointedForward:
 
 def apply_checkpointing(network: nn.Module, policy: str | Sequence[str]) -> list[nn.Module]:
     """Recompute ``policy``'s modules of ``network`` in backward (``torch.utils.checkpoint``, non-reentrant);
-    the forward is replaced on each instance, so parameter names and ``state_dict`` keys stay. Returns them."""
+    the forward is replaced on each instance, so parameter names and ``state_dict`` keys stay.
+    Returns them."""
     segments = checkpoint_segments(network, policy)
     for module in segments:
         if not isinstance(module.forward, _CheckpointedForward):
@@ -280,9 +282,10 @@ def _state_dict_in(loaded: Any, path: Path) -> Mapping[str, torch.Tensor]:
     """A plain ``state_dict``, or a Lightning checkpoint's with the LightningModule's ``net.`` prefix off."""
     if isinstance(loaded, Mapping) and isinstance(loaded.get("state_dict"), Mapping):
         loaded = {key.removeprefix("net."): value for key, value in loaded["state_dict"].items()}
-    tensors = isinstance(loaded, Mapping) and all(isinstance(value, torch.Tensor) for value in loaded.values())
-    require(tensors and bool(loaded), f"model.init_weights: {path} holds no state_dict (a mapping of names to "
-            "tensors, as torch.save(network.state_dict(), path) writes)")
+    tensors = (isinstance(loaded, Mapping)
+               and all(isinstance(value, torch.Tensor) for value in loaded.values()))
+    require(tensors and bool(loaded), f"model.init_weights: {path} holds no state_dict (a mapping of names "
+            "to tensors, as torch.save(network.state_dict(), path) writes)")
     return loaded
 
 
@@ -323,8 +326,8 @@ def _frozen_names(network: nn.Module, prefixes: Sequence[str]) -> list[str]:
     names = [name for name, _ in network.named_parameters()]
     tops = sorted({name.split(".")[0] for name in names})
     for prefix in prefixes:
-        require(any(name.startswith(prefix) for name in names), f"model.freeze: {prefix!r} starts no parameter "
-                f"name of {type(network).__name__}; its top-level modules: {', '.join(tops)}")
+        require(any(name.startswith(prefix) for name in names), f"model.freeze: {prefix!r} starts no "
+                f"parameter name of {type(network).__name__}; its top-level modules: {', '.join(tops)}")
     frozen = [name for name in names if any(name.startswith(prefix) for prefix in prefixes)]
     require(len(frozen) < len(names), f"model.freeze: {list(prefixes)} freezes every parameter: nothing "
             "would train")
@@ -380,7 +383,8 @@ class TechniqueArgs:
     freeze: list[str] = field(default_factory=list)
 
     def check(self) -> None:
-        """Each technique's own arguments, before any work (what needs the network: :func:`prepare_network`)."""
+        """Each technique's own arguments, before any work (what needs the network:
+        :func:`prepare_network`)."""
         require(self.optimizer in OPTIMIZERS,
                 f"model.optimizer: unknown {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
         kernels = OPTIMIZERS[self.optimizer].kernels

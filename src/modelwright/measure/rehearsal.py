@@ -5,7 +5,8 @@ samples by default) under PyTorch's MemTracker, and keeps the bytes of each cate
 a :class:`Timeline`. The same network, techniques and loop run the same operations whatever the batch, and a
 tensor's size grows linearly with it (or not at all), so each category at each operation is a line through
 the two rehearsals; the predicted peak at batch ``B`` is the operation whose total is highest there
-(:meth:`Rehearsal.peak`), and the largest batch under a budget solves the lines (:meth:`Rehearsal.largest_batch`).
+(:meth:`Rehearsal.peak`), and the largest batch under a budget solves the lines
+(:meth:`Rehearsal.largest_batch`).
 Nothing here is fitted to a measurement, and nothing is modelled per layer type: autocast's copies, the
 recomputation of checkpointed segments, an optimizer's state and its update's temporaries, frozen parameters,
 DDP's buckets and FSDP2's gathered blocks are whatever the real step allocates. What it cannot see: memory
@@ -29,7 +30,8 @@ CATEGORIES = tuple(category for category in ANATOMY_CATEGORIES if category != "i
 
 
 def _bytes_by_category(snapshots: dict, device: torch.device) -> dict[str, int]:
-    """MemTracker's current bytes on ``device`` (keyed as the tracker keys it: cuda:0 for cuda), by category."""
+    """MemTracker's current bytes on ``device`` (keyed as the tracker keys it: cuda:0 for cuda), by
+    category."""
     snapshot = snapshots.get(device)
     if snapshot is None:
         snapshot = next((values for key, values in snapshots.items()
@@ -142,7 +144,8 @@ class Line:
     point: int
 
     def at(self, batch: float) -> dict[str, float]:
-        return {category: self.at_zero[category] + self.per_sample[category] * batch for category in CATEGORIES}
+        return {category: self.at_zero[category] + self.per_sample[category] * batch
+                for category in CATEGORIES}
 
     def total_at(self, batch: float) -> float:
         return sum(self.at(batch).values())

@@ -14,8 +14,8 @@ def _width(module: nn.Module) -> int | None:
 
 
 def network_shape(network: nn.Module, blocks: Sequence[nn.Module], input_shape: Sequence[int]) -> dict:
-    """``num_layers`` (the blocks a pipeline can cut between), ``min_width`` (the narrowest layer's channels or
-    features, the most tensor parallelism can split it) and ``boundary_bytes_per_sample`` (the largest fp32
+    """``num_layers`` (the blocks a pipeline can cut between), ``min_width`` (the narrowest layer's channels
+    or features, the most tensor parallelism can split it) and ``boundary_bytes_per_sample`` (the largest fp32
     input of a block, per sample: what crosses a pipeline cut), for one input of ``input_shape``."""
     widths = [width for module in network.modules() if (width := _width(module))]
     names = {id(module): name for name, module in network.named_modules()}
@@ -28,7 +28,8 @@ def network_shape(network: nn.Module, blocks: Sequence[nn.Module], input_shape: 
         if first is not None:
             inputs.append(first.numel() * 4)
 
-    hooks = [by_name[names[id(block)]].register_forward_pre_hook(note) for block in blocks if id(block) in names]
+    hooks = [by_name[names[id(block)]].register_forward_pre_hook(note)
+             for block in blocks if id(block) in names]
     try:
         with torch.no_grad():
             copy.eval()(torch.empty(1, *input_shape, device="meta"))

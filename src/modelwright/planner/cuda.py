@@ -3,8 +3,8 @@ from the tensors alive at the peak of its rehearsed step (:mod:`modelwright.meas
 
 The autograd graph saves the same tensors on either device, so the tensors are the rehearsal's, one by one;
 on a GPU each is a block of PyTorch's caching allocator, rounded as it rounds them, and the step allocates
-more beside the tensors MemTracker sees. Every figure carries its basis: ``modelled`` (from the profile and the
-allocator's rules), ``assumed`` (a stated fact and its source) or ``guessed`` (no source: a range for the
+more beside the tensors MemTracker sees. Every figure carries its basis: ``modelled`` (from the profile and
+the allocator's rules), ``assumed`` (a stated fact and its source) or ``guessed`` (no source: a range for the
 measurement to settle).
 
 The allocator's rules, from PyTorch's ``c10/cuda/CUDACachingAllocator.cpp`` (``round_size``,

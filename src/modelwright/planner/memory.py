@@ -1,6 +1,6 @@
-"""Memory per rank: the peak of a config predicted by rehearsing its step (:mod:`modelwright.measure.rehearsal`,
-:mod:`modelwright.train.rehearse`), and bytes per parameter as ZeRO and FSDP shard them at N ranks (the scale
-model's), from the techniques' tables."""
+"""Memory per rank: the peak of a config predicted by rehearsing its step
+(:mod:`modelwright.measure.rehearsal`, :mod:`modelwright.train.rehearse`), and bytes per parameter as ZeRO and
+FSDP shard them at N ranks (the scale model's), from the techniques' tables."""
 
 import functools
 import json
@@ -114,9 +114,10 @@ def _rehearsal(config_json: str) -> Any:
 #: The project's data modules' sizes a rehearsal sets: a batch of 4 (the rehearsal cuts its own micro-batches
 #: from it) and no more samples than it needs.
 REHEARSAL_DATA = {"data.batch_size": 4, "data.train_size": 64, "data.val_size": 4}
-#: The most micro-batches a step is rehearsed with. The first micro-batch of a step makes the gradients and the
-#: last one updates; those between repeat what the second holds (its activations over the gradients), so a
-#: step of two stands for a step of any number, at a fraction of the time (tests/test_predict.py checks 4 and 8).
+#: The most micro-batches a step is rehearsed with. The first micro-batch of a step makes the gradients and
+#: the last one updates; those between repeat what the second holds (its activations over the gradients), so a
+#: step of two stands for a step of any number, at a fraction of the time
+#: (tests/test_predict.py checks 4 and 8).
 REHEARSED_ACCUMULATION = 2
 
 
@@ -126,7 +127,8 @@ def rehearsal(config: Mapping) -> Any:
     known = {key: value for key, value in REHEARSAL_DATA.items() if get_path(config, key) is not None}
     accumulate = int(get_path(config, "trainer.accumulate_grad_batches", 1) or 1)
     known["trainer.accumulate_grad_batches"] = min(accumulate, REHEARSED_ACCUMULATION)
-    known["trainer.logger"] = False  # nothing is logged in a rehearsal: jobs that differ in their logger alike
+    # Nothing is logged in a rehearsal: jobs that differ in their logger alike.
+    known["trainer.logger"] = False
     rehearsed = with_values(config, known)
     rehearsed.pop("config", None)  # the files it was read from
     return _rehearsal(json.dumps(rehearsed, sort_keys=True))

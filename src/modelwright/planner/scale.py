@@ -106,7 +106,8 @@ class JobSpec:
     # The largest activation crossing a block boundary (PP and TP traffic).
     boundary_bytes_per_sample: float = 0.0
     model_name: str = ""
-    optimizer_bytes: float | None = None  # state bytes per parameter where measured (Adafactor's depend on shapes)
+    # State bytes per parameter where measured (Adafactor's depend on shapes).
+    optimizer_bytes: float | None = None
 
     def __post_init__(self) -> None:
         for key in ("precision", "optimizer"):
@@ -139,7 +140,8 @@ def measured_optimizer_bytes(record: Mapping, optimizer: str) -> float | None:
     if optimizer in STATE_WORDS:
         return None
     measured = get_path(record, "memory.anatomy_mib.optimizer_state")
-    params = get_path(record, "techniques.trainable_parameters") or get_path(record, "memory.model_parameters")
+    params = (get_path(record, "techniques.trainable_parameters")
+              or get_path(record, "memory.model_parameters"))
     if measured is None:
         raise KeyError(f"record is missing 'memory.anatomy_mib.optimizer_state' ({optimizer}'s state)")
     if not params:

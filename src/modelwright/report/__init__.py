@@ -28,9 +28,9 @@ NOTES = ("Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyT
          "baseline. An artifact in the anatomy: activations still held after the step.")
 
 
-PREDICTION_NOTE = ("Each run's peak, by category, as predicted and written to predictions.jsonl before the run "
-                   "started; each line's `from` says how (today: `rehearsal`, its step rehearsed at two small "
-                   "micro-batches; earlier studies: the replay of one profiled baseline step).")
+PREDICTION_NOTE = ("Each run's peak, by category, as predicted and written to predictions.jsonl before the "
+                   "run started; each line's `from` says how (today: `rehearsal`, its step rehearsed at two "
+                   "small micro-batches; earlier studies: the replay of one profiled baseline step).")
 
 
 def render_table_md(folder: ResultsFolder) -> str:

@@ -438,7 +438,8 @@ def study(job: list[Path] = [],  # noqa: B006 (jsonargparse reads it)
 
 def _study_runner(sweep: _Sweep, arguments: dict[str, Any], cmd: list[str]) -> Study:
     """The runner of ``sweep``: its results and run folders under the hardware slug (and the job's name)."""
-    folders = [arguments[key].resolve() / sweep.settings.slug / sweep.job_name for key in ("results", "workdir")]
+    folders = [arguments[key].resolve() / sweep.settings.slug / sweep.job_name
+               for key in ("results", "workdir")]
     options = {key: arguments[key] for key in ("rerun", "retry_failed", "predict", "run_timeout_s")}
     return Study(sweep.plan, sweep.settings, *folders, **options, cmd=cmd)
 

@@ -119,9 +119,10 @@ class HeldLogs:
 
 @contextlib.contextmanager
 def hyperparameters_given(hparams: dict) -> Iterator[None]:
-    """``save_hyperparameters()`` inside takes ``hparams`` as LightningCLI hands them over (with LightningCLI's
-    instantiator, which ``load_from_checkpoint`` uses to build the class again), not the calling frame's
-    arguments (``lightning.pytorch.core.mixins.hparams_mixin._given_hyperparameters_context``)."""
+    """``save_hyperparameters()`` inside takes ``hparams`` as LightningCLI hands them over (with
+    LightningCLI's instantiator, which ``load_from_checkpoint`` uses to build the class again), not the
+    calling frame's arguments
+    (``lightning.pytorch.core.mixins.hparams_mixin._given_hyperparameters_context``)."""
     from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters_context
 
     with _given_hyperparameters_context(hparams, "lightning.pytorch.cli.instantiate_module"):
@@ -160,9 +161,9 @@ def set_device_mesh(module: Any, mesh: Any) -> None:
 
 
 def fake_allreduce_hook(state, bucket):  # noqa: ANN001, ANN201 (DDP checks the annotations it finds)
-    """DDP's default all-reduce of a gradient bucket (divided by the ranks, then summed over them) for the fake
-    process group, whose work gives DDP no tensor back: the collective is dispatched (the memory tracker sees
-    the bucket handed to it) and the bucket itself is the result."""
+    """DDP's default all-reduce of a gradient bucket (divided by the ranks, then summed over them) for the
+    fake process group, whose work gives DDP no tensor back: the collective is dispatched (the memory tracker
+    sees the bucket handed to it) and the bucket itself is the result."""
     import torch
     import torch.distributed as dist
 

@@ -2,8 +2,8 @@
 
 ``model.network: ResNet18`` (or ``SmallCNN``, ``SmallViT``; a class path and ``init_args`` for any other
 network). Each declares its ``checkpoint_policies``: the named sets of modules gradient checkpointing may
-recompute (:mod:`modelwright.techniques`): ``stage`` (layers sharing a resolution) and ``block`` (the residual,
-conv or transformer blocks inside).
+recompute (:mod:`modelwright.techniques`): ``stage`` (layers sharing a resolution) and ``block`` (the
+residual, conv or transformer blocks inside).
 """
 
 import torch
@@ -27,7 +27,8 @@ class ResNet18(ResNet):
 
     def __init__(self, num_classes: int = 10, in_channels: int = 3) -> None:
         super().__init__(BasicBlock, [2, 2, 2, 2], num_classes=num_classes)
-        # Drawn after torchvision's own layers, as torchvision's resnet18 builder and a replaced stem draw them.
+        # Drawn after torchvision's own layers, as torchvision's resnet18 builder
+        # and a replaced stem draw them.
         self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
         self.maxpool = nn.Identity()
 

@@ -85,7 +85,8 @@ class ImageClassifier(LightningModule):
     def setup(self, stage: str) -> None:
         if self.num_classes is None:
             datamodule = getattr(self.trainer, "datamodule", None)
-            self.check_data(getattr(datamodule, "num_classes", None), getattr(datamodule, "input_shape", None))
+            self.check_data(getattr(datamodule, "num_classes", None),
+                            getattr(datamodule, "input_shape", None))
         require(self.num_classes is not None, f"model.num_classes: the data module says no num_classes and "
                 f"{type(self.net).__name__}'s logits could not be counted; set model.num_classes")
         self.train_acc = MulticlassAccuracy(num_classes=self.num_classes).to(self.device)
@@ -172,8 +173,8 @@ def _signature() -> inspect.Signature:
 
 def _docstring() -> str:
     """The arguments' help, from the dataclasses' own ``Args:`` sections."""
-    network = ("        network: any ``torch.nn.Module`` by class name (ResNet18, SmallCNN, SmallViT) or class "
-               "path, with its ``init_args``; null: ResNet18 with 10 classes.")
+    network = ("        network: any ``torch.nn.Module`` by class name (ResNet18, SmallCNN, SmallViT) or "
+               "class path, with its ``init_args``; null: ResNet18 with 10 classes.")
     sections = [inspect.getdoc(cls).split("Args:\n", 1)[1] for cls in (techniques.TechniqueArgs, ModelArgs)]
     body = "\n".join("\n".join("    " + line for line in section.splitlines()) for section in sections)
     return f"{ImageClassifier.__doc__}\n\n    Args:\n{network}\n{body}\n"

@@ -79,14 +79,14 @@ def build_from_config(config: Mapping) -> Any:
         return build_job(["--config", str(path)])
 
 
-#: The trainer's keys a rehearsal takes from the config itself (:class:`_Setting`), not from the job it builds:
-#: configs that differ in these alone (the advisor's options) share one built job.
+#: The trainer's keys a rehearsal takes from the config itself (:class:`_Setting`), not from the job it
+#: builds: configs that differ in these alone (the advisor's options) share one built job.
 SETTING_KEYS = ("precision", "accumulate_grad_batches")
 
 
 def _built_job(config: Mapping) -> Any:
-    """The job of ``config`` (:func:`build_from_config`), built once for every config that differs from it only
-    in :data:`SETTING_KEYS`; a rehearsal steps deep copies of its network."""
+    """The job of ``config`` (:func:`build_from_config`), built once for every config that differs from it
+    only in :data:`SETTING_KEYS`; a rehearsal steps deep copies of its network."""
     runnable = dict(to_jsonable(config))
     runnable["trainer"] = {key: value for key, value in (runnable.get("trainer") or {}).items()
                            if key not in SETTING_KEYS}
@@ -151,7 +151,8 @@ class _Step:
 
     def closure(self, micro: Any, index: int, count: int) -> torch.Tensor:
         with self.plugin.forward_context():
-            output = self.ddp(micro, index) if self.ddp is not None else self.module.training_step(micro, index)
+            output = (self.ddp(micro, index) if self.ddp is not None
+                      else self.module.training_step(micro, index))
         loss = output if isinstance(output, torch.Tensor) else output["loss"]
         loss = loss / count  # Lightning divides by accumulate_grad_batches before backward
         if index == 0:  # Lightning zeroes the gradients after the first micro-batch's forward
@@ -211,7 +212,8 @@ def _ranks(kind: str, ranks: int, device: torch.device) -> Iterator[Any]:
         if kind == "fsdp2":
             from torch.distributed.device_mesh import init_device_mesh
 
-            mesh = init_device_mesh(device.type, (ranks, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+            mesh = init_device_mesh(device.type, (ranks, 1),
+                                    mesh_dim_names=("data_parallel", "tensor_parallel"))
         yield mesh
 
 
@@ -230,8 +232,8 @@ def _prepared(module: Any, config: Mapping, device: torch.device, plugin: Precis
     if kind == "ddp":
         strategy = get_path(config, "trainer.strategy")
         given = (strategy.get("init_args") or {}) if isinstance(strategy, Mapping) else {}
-        ddp = torch.nn.parallel.DistributedDataParallel(_TrainingStep(module),
-                                                        **{key: given[key] for key in DDP_KEYS if key in given})
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            _TrainingStep(module), **{key: given[key] for key in DDP_KEYS if key in given})
         ddp.register_comm_hook(None, fake_allreduce_hook)
     return module, _first_optimizer(module.configure_optimizers()), ddp
 
@@ -286,8 +288,8 @@ def rehearse(config: Mapping, micro_batches: tuple[int, int] = MICRO_BATCHES) ->
             # old one).
             module = copy.deepcopy(pristine)
             timelines.append(_timeline(module, config, batch, size, setting))
-    what = (f"{type(pristine).__name__}, {setting.plugin.__class__.__name__}, {setting.kind} x {setting.ranks}, "
-            f"on {setting.device.type}")
+    what = (f"{type(pristine).__name__}, {setting.plugin.__class__.__name__}, "
+            f"{setting.kind} x {setting.ranks}, on {setting.device.type}")
     return Rehearsal.of(timelines, what, frozenset(type(module).__name__ for module in pristine.modules()))
 
 
