@@ -54,12 +54,12 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_batches(key: str, value: Any, lowest: str) -> None:
+def _check_batches(key: str, value: Any, zero_allowed: bool) -> None:
     """A count of batches, or a float: a fraction of them up to 1 (or a whole number, as Lightning reads it);
-    ``lowest``: ``zero`` where 0 means none, ``positive`` where it must be more."""
+    ``zero_allowed`` where 0 means none, else it must be more."""
     if not _is_number(value):
         return  # unset, or a time ("00:12:00:00", a dict) for val_check_interval; types are the parser's
-    if lowest == "zero":
+    if zero_allowed:
         require(value >= 0, f"trainer.{key}: must be >= 0, got {value}")
     else:
         require(value > 0, f"trainer.{key}: must be positive, got {value}")
@@ -110,9 +110,9 @@ def check_trainer(trainer: Mapping) -> None:
     """The ``trainer:`` values of either loop that break training or train nothing, before any work."""
     _check_lowest(trainer)
     _check_length(trainer)
-    _check_batches("val_check_interval", trainer.get("val_check_interval"), lowest="positive")
-    _check_batches("limit_train_batches", trainer.get("limit_train_batches"), lowest="zero")
-    _check_batches("limit_val_batches", trainer.get("limit_val_batches"), lowest="zero")
+    _check_batches("val_check_interval", trainer.get("val_check_interval"), zero_allowed=False)
+    _check_batches("limit_train_batches", trainer.get("limit_train_batches"), zero_allowed=True)
+    _check_batches("limit_val_batches", trainer.get("limit_val_batches"), zero_allowed=True)
     _check_devices(trainer.get("devices"))
 
 
