@@ -15,9 +15,9 @@ leave the score's denominator. Each module's result, with its survivors by name,
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +35,8 @@ SOURCE_PREFIX = "src/modelwright/"
 OUTCOME_BY_EXIT_CODE = {1: "killed", 3: "killed", 36: "killed", 24: "killed", -24: "killed", 152: "killed",
                         255: "killed", -11: "killed", -9: "killed", 0: "survived", 5: "no tests", 33: "no tests",
                         34: "skipped", None: "not run"}
+#: Every outcome a mutant can have: any other exit code is suspicious.
+OUTCOMES = sorted({*OUTCOME_BY_EXIT_CODE.values(), "equivalent", "suspicious"})
 
 
 def mutated_modules() -> list[str]:
@@ -64,9 +66,11 @@ def refresh_unmutated_copies() -> None:
             copy.unlink()
 
 
-def run_mutmut(module: str, max_children: int, only: list[str]) -> tuple[float, int]:
-    """Run the mutants of ``module`` (those of its functions named in ``only`` if any); returns the wall time
-    in seconds and how many ran. mutmut's output goes to mutants/mutmut.log."""
+def run_mutmut(module: str, max_children: int, only: list[str], max_seconds: float | None) -> tuple[float, bool]:
+    """Run the mutants of ``module`` (those of its functions named in ``only`` if any), for at most
+    ``max_seconds``; returns the wall time in seconds and whether it was stopped there. mutmut keeps each
+    mutant's result as it goes, so a stopped run is scored on those that ran, and the next run goes on from
+    there. mutmut's output goes to mutants/mutmut.log."""
     prefix = "modelwright." + module.removesuffix(".py").replace("/", ".") + "."
     # mutmut's names: module.x_function__mutmut_N, module.xǁClassǁmethod__mutmut_N.
     mangled = ["x" + "ǁ".join(["", *function.split(".")]) if "." in function else "x_" + function
@@ -81,10 +85,25 @@ def run_mutmut(module: str, max_children: int, only: list[str]) -> tuple[float, 
     command = [sys.executable, "-m", "mutmut", "run", *patterns, "--max-children", str(max_children)]
     start = time.perf_counter()
     with open(REPO_ROOT / "mutants" / "mutmut.log", "w") as log:
-        subprocess.run(command, cwd=REPO_ROOT, env=env, check=True, stdout=log, stderr=subprocess.STDOUT)
-    seconds = time.perf_counter() - start
-    names = json.loads(meta_path(module).read_text())["exit_code_by_key"]
-    return seconds, sum(any(fnmatch.fnmatch(name, pattern) for pattern in patterns) for name in names)
+        child = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        try:
+            returncode = child.wait(timeout=max_seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGTERM)  # mutmut and the test processes it forked
+            child.wait()
+            return time.perf_counter() - start, True
+    if returncode != 0:
+        raise subprocess.CalledProcessError(returncode, command)
+    return time.perf_counter() - start, False
+
+
+def results_so_far(module: str) -> int:
+    """How many of the module's mutants have a result in mutants/ (0 before mutmut first generated them)."""
+    if not meta_path(module).exists():
+        return 0
+    exit_codes = json.loads(meta_path(module).read_text())["exit_code_by_key"]
+    return sum(code is not None for code in exit_codes.values())
 
 
 def meta_path(module: str) -> Path:
@@ -103,7 +122,7 @@ def score(module: str, seconds: float | None, equivalents: dict[str, str]) -> di
     scored = len(outcome_by_name) - counts["equivalent"] - counts["skipped"] - counts["not run"]
     return {
         "mutants": len(outcome_by_name),
-        **{outcome: counts[outcome] for outcome in sorted(set(OUTCOME_BY_EXIT_CODE.values()) | {"equivalent"})},
+        **{outcome: counts[outcome] for outcome in OUTCOMES},
         "score_percent": round(100 * counts["killed"] / scored, 1) if scored else None,
         "seconds": round(seconds) if seconds is not None else None,
         "not_killed": sorted(name for name, outcome in outcome_by_name.items()
@@ -144,6 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-children", type=int, default=2, help="mutants tested at once")
     parser.add_argument("--only", nargs="+", metavar="FUNCTION",
                         help="run the mutants of these functions only (a method: Class.method)")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="stop each module's run after this long and score the mutants that ran; run again "
+                             "to go on from there")
     parser.add_argument("--score-only", action="store_true",
                         help="score mutmut's results in mutants/ again without running (after an interrupted "
                              "run, or a changed list of equivalents)")
@@ -162,10 +184,15 @@ def main(argv: list[str] | None = None) -> None:
             entry = results["modules"].get(module, {})
             entry.update(score(module, entry.get("seconds"), equivalents))
         else:
-            seconds, mutants_run = run_mutmut(module, args.max_children, args.only or [])
+            earlier = results_so_far(module)
+            max_seconds = args.max_minutes * 60 if args.max_minutes else None
+            seconds, stopped = run_mutmut(module, args.max_children, args.only or [], max_seconds)
+            ran = results_so_far(module) - earlier
             entry = {
                 "functions_run": args.only or "all",
-                "seconds_per_mutant_run": round(seconds / max(mutants_run, 1), 1),
+                "stopped_for_time": stopped,
+                "results_from_earlier_runs": earlier,
+                "seconds_per_mutant_run": round(seconds / max(ran, 1), 1),
                 **score(module, seconds, equivalents),
                 "mutmut": version("mutmut"),
                 "commit": commit,
