@@ -26,6 +26,7 @@ if os.getppid() != int(sys.argv[1]):  # the study died before the parent-death s
     _kill_group()
 code = subprocess.call(sys.argv[2:])
 if code < 0:  # die of the same signal, so the study sees what ended the run (-9: the OOM killer)
-    signal.signal(-code, signal.SIG_DFL)
+    with contextlib.suppress(OSError):  # SIGKILL's action cannot be set: it is always the default
+        signal.signal(-code, signal.SIG_DFL)
     os.kill(os.getpid(), -code)
 sys.exit(code)
