@@ -428,7 +428,7 @@ def build_record(*, loop: str = "lightning", status: str = "ok", error: str | No
     record = _as_dict(RunRecord(run_id=run_id, status=status, error=error, loop=loop, created_at=now_iso()))
     record["provenance"] = sections.pop("provenance", None) or provenance(command)
     for key, value in sections.items():
-        merges = key not in ("config", "history") and isinstance(record.get(key), dict)
+        merges = isinstance(record.get(key), dict)  # config and history too: over their empty skeleton
         if merges and isinstance(value, Mapping):
             record[key] = {**record[key], **value}
         elif value is not None:
@@ -500,7 +500,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
 def remove_stale_temp_files(path: str | os.PathLike) -> list[Path]:
     """Remove the temp files :func:`write_atomic` leaves beside ``path`` when a kill cuts a write short."""
     path = Path(path)
-    stale = list(path.parent.glob(f".{path.name}.*.tmp")) if path.parent.is_dir() else []
+    stale = list(path.parent.glob(f".{path.name}.*.tmp"))  # none in a folder that does not exist
     for temp in stale:
         temp.unlink(missing_ok=True)
     return stale
