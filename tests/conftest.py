@@ -47,12 +47,20 @@ SLOW = {
 }
 
 
+#: Module-scoped fixtures that do minutes of work once for several tests: under ``pytest -n 2 --dist loadgroup``
+#: the tests that use one run on one worker (an ``xdist_group`` of their file), every other test where a
+#: worker is free.
+SHARED_FIXTURES = {"tiny_study", "runs", "peaks_rehearsed_once", "smallcnn_options", "tiny"}
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     modules = {}
     for item in items:
         modules[item.path.name] = getattr(item, "module", None)
         if item.name.startswith(SLOW.get(item.path.name, ())):
             item.add_marker(pytest.mark.slow)
+        if SHARED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
     # A renamed test would silently leave the slow tier for the fast one: every name must still name a test.
     for name, module in modules.items():
         tests = [test for test in vars(module or object) if test.startswith("test")]

@@ -287,10 +287,36 @@ def recommendation(stdout: str) -> str:
     return next(line for line in stdout.splitlines() if line.startswith("Recommended:"))
 
 
-def test_with_room_for_everything_the_advisor_recommends_the_plain_run():
+@pytest.fixture(scope="module")
+def peaks_rehearsed_once():
+    """The advisor's tests below plan one job under two budgets: each option's peak is rehearsed once (the same
+    config rehearses to the same peak on a CPU) and read again by the next plan, which saves minutes."""
+    from modelwright.planner import advisor
+    from modelwright.record import to_jsonable
+
+    rehearse = advisor.predict_peak_mib
+    peaks = {}
+
+    def remembered(config):
+        key = json.dumps(to_jsonable(config), sort_keys=True)
+        if key not in peaks:
+            peaks[key] = rehearse(config)
+        return peaks[key]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(advisor, "predict_peak_mib", remembered)
+        yield peaks
+
+
+@pytest.fixture(scope="module")
+def plan_16gib(peaks_rehearsed_once):
+    return _plan("--record", str(STUDY_RECORDS), "--budget_gib", "16")
+
+
+def test_with_room_for_everything_the_advisor_recommends_the_plain_run(plan_16gib):
     """16 GiB: everything fits; accumulation's 0.98× is inside the baseline's spread (-7.6% / +7.0%), so it
     is no reason to accumulate (the advisor chose accumulation 2 for it before)."""
-    out = _plan("--record", str(STUDY_RECORDS), "--budget_gib", "16")
+    out = plan_16gib
     assert out.returncode == 0, out.stderr
     line = recommendation(out.stdout)
     assert line.startswith("Recommended: the plain run, 32-true, 1 × off")
@@ -299,8 +325,9 @@ def test_with_room_for_everything_the_advisor_recommends_the_plain_run():
     assert "bf16-mixed 19× (amp, 1 repeat)" in out.stdout  # from the bf16-check folder beside the study
 
 
-def test_with_a_small_budget_the_advisor_recommends_what_fits_and_says_why():
+def test_with_a_small_budget_the_advisor_recommends_what_fits_and_says_why(peaks_rehearsed_once):
     out = _plan("--record", str(STUDY_RECORDS), "--budget_gib", "0.3")
+    assert len(peaks_rehearsed_once) == 24  # the options of one job: rehearsed once for both budgets
     assert out.returncode == 0, out.stderr
     line = recommendation(out.stdout)
     # 4 × 32 is predicted at 324 MiB, over 307 MiB; 8 × 16 at 252 MiB is the first that fits
@@ -308,8 +335,8 @@ def test_with_a_small_budget_the_advisor_recommends_what_fits_and_says_why():
     assert "the plain run does not fit (721 MiB)" in line
 
 
-def test_the_table_is_ordered_by_precision_then_checkpointing_then_accumulation():
-    out = _plan("--record", str(STUDY_RECORDS), "--budget_gib", "16")
+def test_the_table_is_ordered_by_precision_then_checkpointing_then_accumulation(plan_16gib):
+    out = plan_16gib
     rows = [line.split("|")[1:4] for line in out.stdout.splitlines() if line.startswith("| 32-true")
             or line.startswith("| bf16-mixed")]
     keys = [(cells[0].strip(), cells[1].strip(), int(cells[2])) for cells in rows]

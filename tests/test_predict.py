@@ -14,7 +14,8 @@ import pytest
 
 from modelwright import REPO_ROOT
 from modelwright.measure.rehearsal import CATEGORIES, MIB, Line, Rehearsal, RehearsalMismatch, Timeline
-from modelwright.planner import largest_batch, options, predict_peak_mib, recommend, slowdowns
+from modelwright.planner import largest_batch, options, predict_peak_mib, slowdowns
+from modelwright.planner.advisor import choose, step_times
 from modelwright.record import get_path, read_records
 from modelwright.report.predictions import TOLERANCE_MIB, TOLERANCE_SHARE
 from modelwright.train.cli import cli_main, resolved_config
@@ -196,13 +197,20 @@ def test_slowdowns_are_medians_over_the_repeats_as_in_the_study_table():
     assert slow == {"accumulate": (pytest.approx(1.0), "accumulate, 3 repeats")}
 
 
+@pytest.fixture(scope="module")
+def smallcnn_options(tmp_path_factory) -> list:
+    """The advisor's options for SmallCNN at 16 samples a step, each peak rehearsed once for every budget."""
+    base = resolved_config(fit_args(tmp_path_factory.mktemp("options") / "logs", *WINDOW, "--model.network=SmallCNN"))
+    return options(base, 16, STUDY)
+
+
 @pytest.mark.parametrize("budget_mib", [30.0, 20.0])
-def test_advisor_recommendation_fits_and_the_simpler_one_before_it_does_not(tmp_path, budget_mib):
+def test_advisor_recommendation_fits_and_the_simpler_one_before_it_does_not(tmp_path, budget_mib,
+                                                                              smallcnn_options):
     """One repeat per run shows no technique measurably faster: the advisor takes the first option that fits
     in its order (precision, checkpointing, accumulation), and the one before it must not fit, measured."""
-    base = resolved_config(fit_args(tmp_path / "logs", *WINDOW, "--model.network=SmallCNN"))
-    choice = recommend(base, 16, budget_mib, STUDY)
-    ranked = options(base, 16, STUDY)
+    ranked = smallcnn_options
+    choice = choose(ranked, budget_mib, step_times(STUDY)).option
     simpler = ranked[ranked.index(choice) - 1]
     assert ranked.index(choice) > 0
 
