@@ -515,17 +515,18 @@ def test_a_study_runs_what_is_not_recorded_and_counts_what_it_did(tmp_path, monk
     child = _FakeChild({"baseline": (ok, b"fine\n", 0), "broken": (None, output, 1)})
     monkeypatch.setattr(runner, "run_child", child)
     study = _study(tmp_path, cmd=CMD, run_timeout_s=600.0, predict=True)
-    with runner.Progress(3) as progress:  # closed, however the test ends: a live bar moves the next one down
-        baseline = study.run(_spec(), progress)
+    with runner.Progress(4) as progress:  # closed, however the test ends: a live bar moves the next one down
         broken = study.run(_spec("broken"), progress)
+        baseline = study.run(_spec(), progress)
+        again = study.run(_spec(repeat=1), progress)
         assert study.run(_spec(), progress) is baseline  # recorded: not run again
-    assert read_records(tmp_path / "results" / "records.jsonl") == [baseline, broken]
-    assert (study.executed, study.skipped, study.failed, progress.n) == (2, 1, 1, 2)
-    assert study.done == {_spec().key: baseline, _spec("broken").key: broken}
+    assert read_records(tmp_path / "results" / "records.jsonl") == [broken, baseline, again]
+    assert (study.executed, study.skipped, study.failed, progress.n) == (3, 1, 1, 3)
+    assert study.done == {_spec("broken").key: broken, _spec().key: baseline, _spec(repeat=1).key: again}
     predictions = read_records(tmp_path / "results" / "predictions.jsonl")
-    assert [baseline["prediction"], broken["prediction"]] == predictions
+    assert [broken["prediction"], baseline["prediction"], again["prediction"]] == predictions
 
-    first, _ = child.calls
+    first = child.calls[1]
     run_dir = tmp_path / "work" / "nested" / f"baseline-{HASH}-r0"
     assert first["args"] == ["main.py", "fit", "--config", f"{run_dir}/callbacks.yaml", "--data.batch_size=8",
                              f"--trainer.logger.init_args.save_dir={run_dir}"]
@@ -540,13 +541,14 @@ def test_a_study_runs_what_is_not_recorded_and_counts_what_it_did(tmp_path, monk
     assert "output_tail" not in baseline["study"]
 
     assert broken["status"] == "failed" and broken["error"] == f"exit status 1: {BROKE} in ./x.py"
-    assert broken["run_id"] == child.calls[1]["env"]["MODELWRIGHT_RUN_ID"]
+    assert broken["run_id"] == child.calls[0]["env"]["MODELWRIGHT_RUN_ID"]
     tail = [f"line {number}" for number in range(6, 25)] + [f"{BROKE} in ./x.py"]
     tail[4] = "line 10 \ufffd"
     assert broken["study"]["output_tail"] == tail and broken["study"]["returncode"] == 1
-    assert (progress.desc, progress.postfix) == ("broken r0: ", "65 s")
-    assert _said(terminal) == ["baseline r0: ok, peak 123 MiB, step 4.57 ms in 12.5 s",
-                               f"broken r0: failed: exit status 1: {BROKE} in ./x.py in 12.5 s",
+    assert (progress.desc, progress.postfix) == ("baseline r1: ", "65 s")
+    assert _said(terminal) == [f"broken r0: failed: exit status 1: {BROKE} in ./x.py in 12.5 s",
+                               "baseline r0: ok, peak 123 MiB, step 4.57 ms in 12.5 s",
+                               "baseline r1: ok, peak 123 MiB, step 4.57 ms in 12.5 s",
                                f"baseline r0: skipped (recorded: ok, config {HASH})"]
 
 
