@@ -313,12 +313,18 @@ def test_a_history_in_step_order_is_valid():
         ([[5, 1.0], [3, 2.0]], 1, "[3, 2.0]"),  # back in time
         ([[0, 1.0], [9, 1.0], [5, 1.0]], 2, "[5, 1.0]"),  # before the point ahead of it, not the first
         ([[0, 1.0], [1, 1.0], [2, 1.0], [3, 1.0], [2, 1.0], [1, "x"]], 4, "[2, 1.0]"),  # the first bad one only
-        ({"step": 1}, 0, "None"),  # not a list of points
     ],
 )
 def test_a_bad_history_point_is_named_by_metric_and_index(points, index, shown):
     expected = f"history.train/loss[{index}]: expected [int step, number or null] in step order, got {shown}"
     assert _history_errors({"train/loss": points}) == [expected]
+
+
+@pytest.mark.parametrize(("series", "shown"),
+                         [({"step": 1}, "{'step': 1}"), (None, "None"), ("x" * 80, "'" + "x" * 59)])
+def test_a_series_that_is_no_list_is_named_with_what_it_holds(series, shown):
+    expected = f"history.train/loss: expected a list of [int step, number or null], got {shown}"
+    assert _history_errors({"train/loss": series, "lr": [[0, 0.1]]}) == [expected]
 
 
 def test_every_metric_with_a_bad_point_is_reported_and_a_history_that_is_no_mapping_once():

@@ -63,7 +63,8 @@ class Techniques:
     init_weights: str | None = _field("The weights file the run started from (its name); null: none.",
                                       optional=True)
     frozen: list | None = _field("Parameter-name prefixes trained no further.", optional=True)
-    trainable_parameters: int | None = _field("Parameters (elements) that train.", "parameters", optional=True)
+    trainable_parameters: int | None = _field("Parameters (elements) that train.", "parameters",
+                                              optional=True)
     optimizer: str | None = _field("Optimizer as configured: adamw, sgd, adafactor; null: the "
                                    "LightningModule's own.")
     optimizer_impl: str | None = _field(
@@ -320,7 +321,9 @@ def _check_history(history: Any, errors: list[str]) -> None:
         return
     for name, points in history.items():
         if not isinstance(points, list):
-            points = [None]
+            errors.append(f"history.{name}: expected a list of [int step, number or null], "
+                          f"got {points!r:.60}")
+            continue
         for index, point in enumerate(points):
             if not _history_point_ok(points, index):
                 errors.append(f"history.{name}[{index}]: expected [int step, number or null] in step order, "
@@ -362,7 +365,8 @@ def get_path(mapping: Any, path: str, default: Any = None) -> Any:
     class path (``{"class_path": ..., "init_args": {...}}``, as LightningCLI resolves ``model`` and
     ``data``) is read through its ``init_args``: ``model.lr`` is ``model.init_args.lr``."""
     for part in path.split("."):
-        if isinstance(mapping, Mapping) and part not in mapping and isinstance(mapping.get("init_args"), Mapping):
+        nested = isinstance(mapping, Mapping) and isinstance(mapping.get("init_args"), Mapping)
+        if nested and part not in mapping:
             mapping = mapping["init_args"]
         if not isinstance(mapping, Mapping) or part not in mapping:
             return default
