@@ -501,6 +501,25 @@ class _FakeChild:
         return runner.ChildResult(returncode, False, 12.5)
 
 
+def test_the_run_ids_stamp_is_utc_in_any_time_zone(tmp_path, monkeypatch):
+    """The stamp ends in Z: it is UTC, not the machine's local time (here 9 hours ahead)."""
+    _terminal(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runner, "run_child", _FakeChild({"baseline": (_child_record(), b"fine\n", 0)}))
+    monkeypatch.setenv("TZ", "XST-9")
+    time.tzset()
+    try:
+        before = time.time()
+        with runner.Progress(1) as progress:
+            record = _study(tmp_path, cmd=CMD).run(_spec(), progress)
+        after = time.time()
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    stamps = {time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(moment)) for moment in (before, after)}
+    assert record["run_id"].rsplit("-", 1)[1] in stamps
+
+
 def test_a_study_runs_what_is_not_recorded_and_counts_what_it_did(tmp_path, monkeypatch):
     terminal = _terminal(monkeypatch)
     monkeypatch.chdir(tmp_path)

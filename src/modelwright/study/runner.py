@@ -305,7 +305,7 @@ class Study:
         progress.set_description(spec.label)
         run_dir = self._prepare(spec)
         args = command(spec, run_dir)
-        stamp = time.strftime("%Y%m%dT%H%M%SZ")
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         run_id = f"{spec.name}-{spec.config_hash[:8]}-{spec.kind[0]}{spec.repeat}-{stamp}"
         # MODELWRIGHT_COMMAND: the command that reproduces the record is the study's, not the child's
         # The run starts in the repository; a job's classes in the study's working folder stay importable.
