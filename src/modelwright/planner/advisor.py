@@ -205,7 +205,8 @@ def technique_verdicts(times: StepTimes) -> str:
     return ", ".join(verdicts) + f" ({spread})"
 
 
-def recommend(config: Mapping, batch: int, budget_mib: float, records: Sequence[Mapping] = ()) -> Option | None:
+def recommend(config: Mapping, batch: int, budget_mib: float,
+              records: Sequence[Mapping] = ()) -> Option | None:
     """The advisor's choice (:func:`choose`), or None when nothing fits one device."""
     times = step_times(records)
     found = choose(options(config, batch, times=times), budget_mib, times)
@@ -320,8 +321,8 @@ def advise(config: Mapping, batch: int, budget_mib: float, records: Sequence[Map
     (or the sharding that fits); a warning when the step times are another machine's."""
     times = step_times(records, check_records)
     ranked = options(config, batch, times=times)
-    lines = [f"Budget {sig(budget_mib / 1024)} GiB{budget_label}; batch {batch}; peaks predicted by rehearsing "
-             f"each option's step on this machine; {step_times_text(times)}"]
+    lines = [f"Budget {sig(budget_mib / 1024)} GiB{budget_label}; batch {batch}; peaks predicted by "
+             f"rehearsing each option's step on this machine; {step_times_text(times)}"]
     warning = machine_warning(times.hardware, this_machine or {})
     lines += ["", warning] if warning else []
     lines += ["", options_table(ranked, budget_mib, times), ""]

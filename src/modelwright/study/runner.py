@@ -230,9 +230,10 @@ class Study:
         say(f"{spec.label}: not run: {why}")
 
     def _predict(self, spec: RunSpec) -> dict | None:
-        """The run's peak, predicted by rehearsing its step in this process (:mod:`modelwright.planner.memory`),
-        in predictions.jsonl before the run starts: no prediction has seen its measurement. An epoch run
-        captures no memory: nothing to predict. A step that cannot be rehearsed is said and left unpredicted."""
+        """The run's peak, predicted by rehearsing its step in this process
+        (:mod:`modelwright.planner.memory`), in predictions.jsonl before the run starts: no prediction has
+        seen its measurement. An epoch run captures no memory: nothing to predict. A step that cannot be
+        rehearsed is said and left unpredicted."""
         if spec.kind == "epoch" or not self.predict:
             return None
         try:
