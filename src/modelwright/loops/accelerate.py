@@ -33,7 +33,14 @@ from modelwright.errors import require
 from modelwright.record import build_record, write_record
 from modelwright.report.run_summary import summary_lines, write_tensorboard
 from modelwright.techniques import precision as precision_of
-from modelwright.train.args import DataArgs, ImageFolderArgs, ModelArgs, TrainerArgs, limited_batches
+from modelwright.train.args import (
+    DataArgs,
+    ImageFolderArgs,
+    ModelArgs,
+    TrainerArgs,
+    counts_batches,
+    limited_batches,
+)
 from modelwright.train.checks import check_accelerate_run
 from modelwright.train.cli import build_job
 from modelwright.train.module import ImageClassifier
@@ -238,9 +245,7 @@ def _lengths(trainer: TrainerArgs, train_length: int, val_length: int) -> dict[s
             f"trainer.limit_train_batches: {train_batches} batches, not a multiple of "
             f"accumulate_grad_batches {accumulate}")
     interval = trainer.val_check_interval
-    # A whole float above 1 counts batches too, as Lightning reads it.
-    counts_batches = isinstance(interval, int) or interval > 1
-    val_every = int(interval) if counts_batches else max(1, int(train_batches * interval))
+    val_every = int(interval) if counts_batches(interval) else max(1, int(train_batches * interval))
     steps_per_epoch = math.ceil(train_batches / accumulate)
     if trainer.max_epochs is not None:
         max_epochs = trainer.max_epochs

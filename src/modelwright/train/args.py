@@ -213,12 +213,18 @@ class TrainerArgs:
                 "use main.py fit")
 
 
+def counts_batches(value: int | float) -> bool:
+    """Whether Lightning reads a ``limit_*_batches`` or ``val_check_interval`` as a count of batches: an int,
+    or a whole float above 1 (2.0); else it is a fraction of the epoch."""
+    return isinstance(value, int) or value > 1
+
+
 def limited_batches(length: int, limit: int | float | None) -> int:
     """The batches of a loader of ``length`` that Lightning's ``limit_*_batches`` (a count or a fraction)
     leaves."""
     if limit is None:
         return length
-    if isinstance(limit, int) or limit > 1:  # Lightning reads a whole float above 1 (2.0) as a count
+    if counts_batches(limit):
         return min(length, int(limit))
     return min(length, int(length * limit))
 
