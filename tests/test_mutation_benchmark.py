@@ -70,13 +70,89 @@ def test_results_so_far_count_the_mutants_with_an_exit_code(bench):
     assert bench.results_so_far(MODULE) == 2
 
 
-def test_the_table_has_a_row_per_mutated_module_in_the_configured_order(bench):
+@pytest.mark.parametrize(("tests", "cell"), [(["tests/test_a.py", "tests/test_b.py"], "test_a.py, test_b.py"),
+                                             ("fast tier (-m 'not slow'), the tests that reach each mutant",
+                                              "whole fast tier")])
+def test_the_table_has_a_row_per_mutated_module_in_the_configured_order(bench, tests, cell):
     entry = {"mutants": 10, "killed": 8, "survived": 1, "no tests": 0, "not run": 0, "equivalent": 1,
-             "score_percent": 88.9, "seconds": 30, "commit": "0123456789abcdef", "date": "2026-12-06"}
+             "score_percent": 88.9, "seconds": 30, "tests": tests, "commit": "0123456789abcdef", "date": "2026-12-06"}
     table = bench.markdown_table({MODULE: entry})
     assert table.splitlines()[-2:] == [
-        "| planner/example.py | 10 | 8 | 1 | 0 | 0 | 1 | 88.9% | 30 | 0123456789 | 2026-12-06 |",
-        "| record.py | not run yet | | | | | | | | | |"]
+        f"| planner/example.py | 10 | 8 | 1 | 0 | 0 | 1 | 88.9% | 30 | {cell} | 0123456789 | 2026-12-06 |",
+        "| record.py | not run yet | | | | | | | | | | |"]
+
+
+def test_every_mutated_module_names_test_files_that_exist():
+    """The real script: a module added to ``only_mutate`` without its tests would fail to run."""
+    spec = importlib.util.spec_from_file_location("mutation_benchmark_real", SCRIPT)
+    real = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real)
+    assert sorted(real.TESTS) == sorted(real.mutated_modules())
+    for module, files in real.TESTS.items():
+        assert files and all((real.REPO_ROOT / name).is_file() for name in files), module
+
+
+def test_the_workspace_mutates_its_module_with_its_tests_and_keeps_the_rest_of_pyproject(bench, tmp_path,
+                                                                                       monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n\n[tool.mutmut]\nsource_paths = ["src"]\n'
+                                             'only_mutate = ["src/modelwright/a.py", "src/modelwright/b.py"]\n'
+                                             'process_isolation = "forkserver"\n\n[tool.pytest.ini_options]\n'
+                                             'testpaths = ["tests"]\n')
+    for name in ("src/modelwright/b.py", "tests/test_b.py", "README.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    monkeypatch.setattr(bench, "TESTS", {"b.py": ("tests/test_b.py",)})
+    monkeypatch.setattr(bench, "working_tree_files",
+                        lambda: ["pyproject.toml", "src/modelwright/b.py", "tests/test_b.py", "README.md"])
+    root = bench.sync_workspace("b.py")
+    assert root == tmp_path / ".mutation" / "b"
+    settings = bench.tomllib.loads((root / "pyproject.toml").read_text())
+    assert settings["project"] == {"name": "x"} and settings["tool"]["pytest"]["ini_options"]["testpaths"] == ["tests"]
+    assert settings["tool"]["mutmut"] == {
+        "source_paths": ["src"], "only_mutate": ["src/modelwright/b.py"], "process_isolation": "forkserver",
+        "pytest_add_cli_args_test_selection": ["-m", "not slow", "tests/test_b.py"],
+        "use_git_change_detection": False}
+    assert (root / "tests" / "test_b.py").read_text() == "tests/test_b.py"
+
+
+def test_a_workspace_follows_the_working_tree_and_keeps_mutmuts_folder(bench, tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.mutmut]\nonly_mutate = ["src/modelwright/b.py"]\n')
+    monkeypatch.setattr(bench, "TESTS", {"b.py": ("tests/test_b.py",)})
+    files = {"src/modelwright/b.py": "one", "tests/test_b.py": "test", "docs/gone.md": "soon removed"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.setattr(bench, "working_tree_files", lambda: sorted(files))
+    root = bench.sync_workspace("b.py")
+    (root / "mutants" / "results.meta").parent.mkdir()
+    (root / "mutants" / "results.meta").write_text("kept")
+    del files["docs/gone.md"]
+    files["src/modelwright/b.py"] = "two"
+    (tmp_path / "src/modelwright/b.py").write_text("two")
+    bench.sync_workspace("b.py")
+    assert (root / "src/modelwright/b.py").read_text() == "two" and not (root / "docs/gone.md").exists()
+    assert (root / "mutants" / "results.meta").read_text() == "kept"
+
+
+def test_a_copy_of_another_module_that_changed_is_removed_so_mutmut_copies_it_again(bench, tmp_path):
+    root = tmp_path / ".mutation" / "b"
+    for name, (source, copy) in {"a.py": ("new", "old"), "b.py": ("new", "mutated"), "c.py": ("same", "same"),
+                                 "gone.py": (None, "old")}.items():
+        if source is not None:
+            (root / "src/modelwright" / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / "src/modelwright" / name).write_text(source)
+        (root / "mutants/src/modelwright" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "mutants/src/modelwright" / name).write_text(copy)
+    bench.refresh_unmutated_copies(root, "b.py")
+    left = sorted(path.name for path in (root / "mutants/src/modelwright").iterdir())
+    assert left == ["b.py", "c.py"]
+
+
+def test_score_only_passes_over_a_module_never_run(bench, tmp_path, capsys):
+    out = tmp_path / "mutation.json"
+    bench.git_commit = lambda: "0" * 40
+    bench.main(["--score-only", "--module", MODULE, "--out", str(out)])
+    assert "planner/example.py: no results in .mutation/planner-example to score" in capsys.readouterr().out
 
 
 class _Child:
@@ -98,6 +174,7 @@ class _Child:
 def test_a_run_past_its_time_is_stopped_whole_and_said_so(bench, monkeypatch, tmp_path, returncode, stopped):
     child = _Child(returncode)
     killed = []
+    monkeypatch.setattr(bench, "sync_workspace", lambda module: tmp_path)
     monkeypatch.setattr(bench.subprocess, "Popen", lambda *args, **kwargs: child)
     monkeypatch.setattr(bench.os, "killpg", lambda pid, sig: killed.append((pid, sig)))
     seconds, was_stopped = bench.run_mutmut(MODULE, 2, [], max_seconds=60)
@@ -105,7 +182,8 @@ def test_a_run_past_its_time_is_stopped_whole_and_said_so(bench, monkeypatch, tm
     assert killed == ([(4321, bench.signal.SIGTERM)] if stopped else [])
 
 
-def test_a_failed_mutmut_run_is_an_error(bench, monkeypatch):
+def test_a_failed_mutmut_run_is_an_error(bench, monkeypatch, tmp_path):
+    monkeypatch.setattr(bench, "sync_workspace", lambda module: tmp_path)
     monkeypatch.setattr(bench.subprocess, "Popen", lambda *args, **kwargs: _Child(2))
     with pytest.raises(subprocess.CalledProcessError):
         bench.run_mutmut(MODULE, 2, ["f"], max_seconds=None)
