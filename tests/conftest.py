@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +25,31 @@ def pytest_configure(config) -> None:
     """Nothing a test does may read or write the user's caches: the peak-FLOP cache goes to a folder of this run,
     inherited by every child process, so no test depends on which tests (or which earlier runs) came before it."""
     os.environ["MODELWRIGHT_CACHE_DIR"] = tempfile.mkdtemp(prefix="modelwright-test-cache-")
+
+
+UNTRACKED_BEFORE = pytest.StashKey[frozenset]()
+
+
+def untracked_files() -> frozenset[str]:
+    """The working tree's files that git neither tracks nor ignores (none where git cannot say)."""
+    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "-z"], cwd=REPO_ROOT,
+                          capture_output=True, text=True)
+    entries = done.stdout.split("\0") if done.returncode == 0 else []
+    return frozenset(entry[3:] for entry in entries if entry.startswith("?? "))
+
+
+def pytest_sessionstart(session) -> None:
+    session.config.stash[UNTRACKED_BEFORE] = untracked_files()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """A run that left a new file in the working tree fails, naming it (once, in the main process)."""
+    if hasattr(session.config, "workerinput") or UNTRACKED_BEFORE not in session.config.stash:
+        return
+    written = sorted(untracked_files() - session.config.stash[UNTRACKED_BEFORE])
+    if written:
+        print(f"\nthe tests wrote into the working tree: {', '.join(written)}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 #: The long end-to-end tests (two processes, whole studies, subprocess benchmarks), by file and test name prefix
