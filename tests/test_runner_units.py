@@ -265,6 +265,8 @@ DIAGNOSES = [
     ("usage: main.py\nerror: --trainer.max_steps: expected an int\nsee --help\n", 2, "failed",
      "exit status 2: error: --trainer.max_steps: expected an int"),
     ("epoch 0\nKeyboardInterrupt\nbye\n", 130, "failed", "exit status 130: KeyboardInterrupt"),
+    ("step 1\nException: boom\nbye\n", 1, "failed", "exit status 1: Exception: boom"),  # the bare base classes
+    ("step 1\nError: boom\nbye\n", 1, "failed", "exit status 1: Error: boom"),
     ("x\nlightning.fabric.utilities.exceptions.MisconfigurationException: no GPU\ny\n", 1, "failed",
      "exit status 1: lightning.fabric.utilities.exceptions.MisconfigurationException: no GPU"),
     ("step 1\nstep 2\nstep 3\n", 1, "failed", "exit status 1: step 3"),  # nothing error-like: the last line

@@ -119,7 +119,7 @@ def diagnose(output: str, returncode: int) -> tuple[str, str]:
     """A run that left no record: ``oom`` for an out-of-memory crash or a SIGKILL (the kernel's OOM killer),
     else ``failed``; and one line, the last error-looking line of its output with the exit code."""
     lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
-    error = re.compile(r"^(error:|[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b)")
+    error = re.compile(r"^(error:|([A-Za-z_][\w.]*)?(Error|Exception|Interrupt)\b)")
     found = next((line for line in reversed(lines) if error.match(line)), lines[-1] if lines else "")
     how = f"exit status {returncode}"
     if returncode < 0:
