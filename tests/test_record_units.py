@@ -327,6 +327,12 @@ def test_a_series_that_is_no_list_is_named_with_what_it_holds(series, shown):
     assert _history_errors({"train/loss": series, "lr": [[0, 0.1]]}) == [expected]
 
 
+def test_the_series_after_one_that_is_no_list_are_still_checked():
+    assert _history_errors({"train/loss": None, "lr": [["a", 0.1]]}) == [
+        "history.train/loss: expected a list of [int step, number or null], got None",
+        "history.lr[0]: expected [int step, number or null] in step order, got ['a', 0.1]"]
+
+
 def test_every_metric_with_a_bad_point_is_reported_and_a_history_that_is_no_mapping_once():
     errors = _history_errors({"train/loss": [[1, "x"]], "val/acc": [[0, 0.5]], "lr": [["a", 0.1]]})
     assert errors == [
