@@ -211,7 +211,8 @@ def markdown_table(modules: dict) -> str:
               "seconds", "tests", "commit", "date"]
     lines = ["# Mutation scores", "",
              "By `benchmarks/mutation.py` (mutmut). Score: killed over the mutants that ran, less the "
-             "equivalents (`benchmarks/mutation_equivalent.txt`); a timed-out mutant counts as killed. Tests: the "
+             "equivalents (`benchmarks/mutation_equivalent.txt`); a timed-out mutant counts as killed. Seconds: "
+             "of every run whose results the row holds. Tests: the "
              "fast tests run against each mutant, those that reach it of either the whole fast tier or the "
              "module's own test files (a lower bound on the fast tier's score).", "",
              "| " + " | ".join(header) + " |", "|:--|" + "--:|" * (len(header) - 4) + ":--|:--|:--|"]
@@ -278,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
             entry.update(score(module, entry.get("seconds"), equivalents))
         else:
             earlier = results_so_far(module)
+            # The results kept from earlier runs took the earlier runs' time: the entry's seconds are all of it.
+            earlier_seconds = (results["modules"].get(module, {}).get("seconds") or 0) if earlier else 0
             max_seconds = args.max_minutes * 60 if args.max_minutes else None
             seconds, stopped = run_mutmut(module, args.max_children, args.only or [], max_seconds)
             ran = results_so_far(module) - earlier
@@ -285,8 +288,9 @@ def main(argv: list[str] | None = None) -> None:
                 "functions_run": args.only or "all",
                 "stopped_for_time": stopped,
                 "results_from_earlier_runs": earlier,
+                "seconds_this_run": round(seconds),
                 "seconds_per_mutant_run": round(seconds / max(ran, 1), 1),
-                **score(module, seconds, equivalents),
+                **score(module, earlier_seconds + seconds, equivalents),
                 "mutmut": version("mutmut"),
                 "commit": commit,
                 "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),

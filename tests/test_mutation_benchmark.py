@@ -192,3 +192,19 @@ def test_a_failed_mutmut_run_is_an_error(bench, monkeypatch, tmp_path):
 def test_the_script_runs_as_a_program():
     done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "--max-minutes" in done.stdout
+
+
+@pytest.mark.parametrize(("earlier", "seconds"), [(0, 30), (2, 130)])
+def test_a_run_that_goes_on_from_kept_results_counts_the_earlier_runs_time(bench, monkeypatch, tmp_path, earlier,
+                                                                          seconds):
+    out = tmp_path / "mutation.json"
+    out.write_text(json.dumps({"modules": {MODULE: {"seconds": 100}}}))
+    counts = iter([earlier, 3])
+    monkeypatch.setattr(bench, "results_so_far", lambda module: next(counts))
+    monkeypatch.setattr(bench, "run_mutmut", lambda *args: (30.0, False))
+    monkeypatch.setattr(bench, "git_commit", lambda: "0" * 40)
+    monkeypatch.setattr(bench, "TESTS", {MODULE: ("tests/test_example.py",)})
+    _meta(bench, {"x_f__mutmut_1": 1, "x_f__mutmut_2": 1, "x_f__mutmut_3": 1})
+    bench.main(["--module", MODULE, "--out", str(out)])
+    entry = json.loads(out.read_text())["modules"][MODULE]
+    assert (entry["seconds"], entry["seconds_this_run"], entry["results_from_earlier_runs"]) == (seconds, 30, earlier)
