@@ -282,6 +282,17 @@ def test_a_damaged_cache_entry_is_measured_again(monkeypatch, tmp_path, damaged_
     assert json.loads((tmp_path / "cpu_clock.json").read_text())["Test CPU"] == {"clock_hz": 3.0e9, **current}
 
 
+@pytest.mark.parametrize("clock_hz", [2.5e9, 1, 0.5])
+def test_a_cached_positive_clock_is_taken_without_measuring(monkeypatch, tmp_path, clock_hz):
+    """Any positive number is a clock: the check is for damage (test above), not for plausibility."""
+    monkeypatch.setenv("MODELWRIGHT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(flops_mod, "_timed_add_loop_hz", lambda: pytest.fail("measured although cached"))
+    monkeypatch.setattr(flops_mod, "cpu_model", lambda: "Test CPU")
+    entry = {"method": flops_mod.CLOCK_METHOD, "definitions": DEFINITIONS_VERSION, "clock_hz": clock_hz}
+    (tmp_path / "cpu_clock.json").write_text(json.dumps({"Test CPU": entry}))
+    assert flops_mod.cpu_clock_hz() == (clock_hz, flops_mod.CLOCK_METHOD)
+
+
 def test_clock_from_cpuinfo_when_it_cannot_be_measured(monkeypatch, tmp_path):
     monkeypatch.setenv("MODELWRIGHT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(flops_mod, "_timed_add_loop_hz", lambda: None)
@@ -302,7 +313,7 @@ def test_an_unwritable_clock_cache_warns_and_the_clock_is_still_given(monkeypatc
         assert flops_mod.cpu_clock_hz() == (3.0e9, flops_mod.CLOCK_METHOD)
     (warning,) = caught
     assert str(warning.message).startswith(f"could not cache the CPU clock in {blocker / 'cache' / 'cpu_clock.json'}: ")
-    assert Path(warning.filename).name != "flops.py"  # it points at the caller
+    assert warning.filename == __file__  # it points at the line that asked for the clock
 
 
 # -- FLOPs on a meta copy -------------------------------------------------------------------------------
