@@ -25,6 +25,18 @@ def pytest_configure(config) -> None:
     """Nothing a test does may read or write the user's caches: the peak-FLOP cache goes to a folder of this run,
     inherited by every child process, so no test depends on which tests (or which earlier runs) came before it."""
     os.environ["MODELWRIGHT_CACHE_DIR"] = tempfile.mkdtemp(prefix="modelwright-test-cache-")
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        one_thread_per_worker()
+
+
+def one_thread_per_worker() -> None:
+    """Under ``pytest -n 2`` each worker computes on one thread, and so do the processes it starts: two workers
+    of a core's worth of threads each would ask a 2-core machine for four, and OpenMP's threads spin while they
+    wait for one another."""
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 UNTRACKED_BEFORE = pytest.StashKey[frozenset]()

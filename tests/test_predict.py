@@ -87,10 +87,11 @@ def test_every_category_on_networks_the_project_does_not_ship(tmp_path, network,
 @pytest.mark.parametrize(("config", "batch"), [("configs/amp.yaml", 8), ("configs/all.yaml", 4)])
 def test_the_vits_bf16_runs_are_predicted_within_the_bound(tmp_path, config, batch):
     """The study's vit-amp and vit-all (bf16 autocast over attention; all.yaml: 4 micro-batches, each encoder
-    block recomputed), at a smaller batch: every category within the bound (an earlier, modelled predictor
-    missed their totals by 9-11%)."""
+    block recomputed), at a smaller batch and with 2 of its 6 encoder blocks (bf16 is emulated, and slow, on a
+    CPU without bf16 instructions): every category within the bound (an earlier, modelled predictor missed
+    their totals by 9-11%)."""
     args = fit_args(tmp_path / "logs", "--config", config, *WINDOW, "--model.network=SmallViT",
-                    f"--data.batch_size={batch}")
+                    "--model.network.init_args.num_layers=2", f"--data.batch_size={batch}")
     predicted = predicted_for(args)
     measured = measured_anatomy(tmp_path, args)
     assert_within(predicted, measured, config)
