@@ -143,8 +143,8 @@ def refresh_unmutated_copies(root: Path, module: str) -> None:
 def run_mutmut(module: str, max_children: int, only: list[str], max_seconds: float | None) -> tuple[float, bool]:
     """Run the mutants of ``module`` (those of its functions named in ``only`` if any) in its workspace, for at
     most ``max_seconds``; returns the wall time in seconds and whether it was stopped there. mutmut keeps each
-    mutant's result as it goes, so a stopped run is scored on those that ran, and the next run goes on from
-    there. mutmut's output goes to mutants/mutmut.log in the workspace."""
+    mutant's result as it goes, so a stopped run is scored on those that ran (and a run of the functions left,
+    ``only``, goes on from there). mutmut's output goes to mutants/mutmut.log in the workspace."""
     prefix = "modelwright." + module.removesuffix(".py").replace("/", ".") + "."
     # mutmut's names: module.x_function__mutmut_N, module.xǁClassǁmethod__mutmut_N.
     mangled = ["x" + "ǁ".join(["", *function.split(".")]) if "." in function else "x_" + function
@@ -258,8 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="+", metavar="FUNCTION",
                         help="run the mutants of these functions only (a method: Class.method)")
     parser.add_argument("--max-minutes", type=float, default=None,
-                        help="stop each module's run after this long and score the mutants that ran; run again "
-                             "to go on from there")
+                        help="stop each module's run after this long and score the mutants that ran; go on with "
+                             "--only and the functions left")
     parser.add_argument("--score-only", action="store_true",
                         help="score mutmut's results in the workspaces again without running (after an interrupted "
                              "run, or a changed list of equivalents)")
