@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,12 +22,23 @@ TINY = [
 ]
 
 
+CACHE_DIR = pytest.StashKey[str]()
+
+
 def pytest_configure(config) -> None:
     """Nothing a test does may read or write the user's caches: the peak-FLOP cache goes to a folder of this run,
     inherited by every child process, so no test depends on which tests (or which earlier runs) came before it."""
-    os.environ["MODELWRIGHT_CACHE_DIR"] = tempfile.mkdtemp(prefix="modelwright-test-cache-")
+    cache = tempfile.mkdtemp(prefix="modelwright-test-cache-")
+    config.stash[CACHE_DIR] = cache
+    os.environ["MODELWRIGHT_CACHE_DIR"] = cache
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         one_thread_per_worker()
+
+
+def pytest_unconfigure(config) -> None:
+    """The cache folder goes with the run that made it (each xdist worker makes and removes its own)."""
+    if CACHE_DIR in config.stash:
+        shutil.rmtree(config.stash[CACHE_DIR], ignore_errors=True)
 
 
 def one_thread_per_worker() -> None:

@@ -393,3 +393,19 @@ def test_the_cost_example_follows_the_formula():
     full = tables.gpu_cost_cells(rate, 512, 426e9 / 128, (1_500_000,))
     assert full[2] == fmt.pct(efficiency)
     assert full[4] == fmt.usd(1_500_000 * 426e9 / 128 / (312e12 * rate.mfu) / efficiency / 3600 * 1.10)
+
+
+def test_report_rebuilds_a_study_written_inside_another_folder_and_leaves_a_check_alone(tmp_path):
+    """``study --results results/extra`` writes results/extra/<slug>/: the report rebuilds its table and a
+    figure can name it; a few runs kept inside a study's folder without a study.json are not a study."""
+    results = tmp_path / "results"
+    write(results / "cpu-x", small_study())
+    extra = write(results / "extra" / "cpu-x", small_study())
+    (extra / "study.json").write_text("{}\n", encoding="utf-8")
+    check = write(results / "cpu-x" / "check", small_study())
+    doc = tmp_path / "README.md"
+    doc.write_text("<!-- figures: cpu-x -->\nx <!-- v extra/cpu-x:amp.verdict --><!-- /v -->\n", encoding="utf-8")
+    assert cli(["report", "--results", str(results), "--readme", str(doc), "--plots", "false"]) == 0
+    assert (extra / "table.md").is_file() and (results / "cpu-x" / "table.md").is_file()
+    assert not (check / "table.md").exists()
+    assert "-->faster<!--" in doc.read_text()

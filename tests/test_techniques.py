@@ -283,3 +283,22 @@ def test_the_summary_spells_the_batch_checkpointing_and_strategy_out():
     assert setup_words(section, spelled=True) == [
         "bf16-mixed", "micro-batch 32 × accumulate 4", "checkpointing block", "ddp ×2", "frozen layer1",
         "AdamW foreach"]
+
+
+def test_a_network_sharded_by_fsdp2_is_named_by_its_own_class():
+    """``fully_shard`` swaps the network's class for ``FSDP<name>``: the record names the network, not that (the
+    study's fsdp2 row is compared with its baseline of the same model)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from modelwright.train._internals import fake_process_group
+    from modelwright.train.models import SmallCNN
+
+    with fake_process_group(2):
+        network = SmallCNN()
+        fully_shard(network, mesh=init_device_mesh("cpu", (2,)))
+        assert type(network).__name__ == "FSDPSmallCNN"
+        assert techniques.network_name(network) == "smallcnn"
+        assert techniques.network_class(network) is SmallCNN
+    plain = nn.Linear(2, 2)
+    assert techniques.network_name(plain) == "Linear" and techniques.network_class(plain) is nn.Linear

@@ -95,6 +95,8 @@ class SpreadBand(NamedTuple):
         return f"{pct(self.low, signed=True)} / {pct(self.high, signed=True)}"
 
 
+#: Why a row compared with another plan's baseline has no interval.
+UNPAIRED = "another plan's baseline"
 #: The paired comparison: a percentile bootstrap, seeded so that a report regenerates to the same text.
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 10_000
@@ -312,13 +314,22 @@ class Row:
             return None
         return SpreadBand(figures.step_lo / figures.step_ms - 1, figures.step_hi / figures.step_ms - 1)
 
+    @property
+    def paired(self) -> bool:
+        """Whether this row ran in turn with its reference: both of one plan. A baseline of another plan
+        ran at another time, so a drift of the machine between them would be in the ratio."""
+        return self.reference is not None and plan_of(self) == plan_of(self.reference)
+
     @functools.cached_property
     def interval(self) -> PairedInterval | None:
-        """The paired interval on this row's step over its reference's (:func:`paired_interval`)."""
-        return paired_interval(self.records, self.reference.records) if self.reference else None
+        """The paired interval on this row's step over its reference's (:func:`paired_interval`); None
+        where the two did not run in turn."""
+        return paired_interval(self.records, self.reference.records) if self.paired else None
 
     @property
     def verdict(self) -> str:
+        if self.reference is not None and not self.paired and self.vs("step_ms") is not None:
+            return f"no verdict: {UNPAIRED}"
         return verdict(self.vs("step_ms"), self.interval)
 
 

@@ -465,9 +465,17 @@ def short_name(class_name: str) -> str:
     return by_class.get(class_name, class_name)
 
 
+def network_class(network: nn.Module) -> type:
+    """The network's own class: FSDP2's ``fully_shard`` gives a sharded module a class of its own,
+    ``FSDP<name>``, derived from ``FSDPModule`` and the network's class."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(cls for cls in type(network).__mro__ if not issubclass(cls, FSDPModule))
+
+
 def network_name(network: nn.Module) -> str:
     """The short name of a built-in network (``resnet18``), else the network's class name."""
-    return short_name(type(network).__name__)
+    return short_name(network_class(network).__name__)
 
 
 def record_section(args: TechniqueArgs | None, network: nn.Module, loop: LoopFacts,
@@ -480,7 +488,7 @@ def record_section(args: TechniqueArgs | None, network: nn.Module, loop: LoopFac
     section = {
         **measured,
         "model_name": network_name(network),
-        "network": f"{type(network).__module__}.{type(network).__qualname__}",
+        "network": f"{network_class(network).__module__}.{network_class(network).__qualname__}",
         "optimizer": asked.optimizer or None,
         "gradient_checkpointing": policy_label(asked.gradient_checkpointing),
         "checkpointed_segments": len(checkpointed_modules(network)),

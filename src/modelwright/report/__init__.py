@@ -19,13 +19,14 @@ from modelwright.study_rows import CONFIDENCE, Row
 
 NOTES = ("Peak MiB: the CUDA allocator's peak on a GPU; on a CPU the peak of PyTorch's memory tracker "
          "over one step (it sees eager code only: compiled runs are not measured). Step ms: the median over "
-         "repeats of each repeat's median optimizer step. The baseline's band is its lowest and highest "
-         "repeat median relative to their median (lo/med − 1 and hi/med − 1); a row is faster or slower only "
-         "when its time ratio leaves that band. MFU and samples/s: at the median step. Time per epoch: one "
-         "full configured epoch (its steps, data loading and validations), measured in a run of its own; "
-         "cost: that time, or 1,000 samples at the median step's samples/s, at the listed price below. "
-         "Train loss: the mean of the last logged steps, shown where a run has seen as many samples as the "
-         "baseline. An artifact in the anatomy: activations still held after the step.")
+         "repeats of each repeat's median optimizer step; min–max: the repeats' medians. The interval: a "
+         "95% bootstrap over the pairs of a row's repeat and its baseline's of the same round (the same "
+         "plan, run in turn); a row is faster or slower only where it leaves out 1.0. MFU and samples/s: at "
+         "the median step. Time per epoch: one full configured epoch (its steps, data loading and "
+         "validations), measured in a run of its own; cost: that time, or 1,000 samples at the median step's "
+         "samples/s, at the listed price below. Train loss: the mean of the last logged steps, shown where a "
+         "run has seen as many samples as the baseline. An artifact in the anatomy: activations still held "
+         "after the step.")
 
 
 PREDICTION_NOTE = ("Each run's peak, by category, as predicted and written to predictions.jsonl before the "
@@ -122,7 +123,10 @@ def report(results: Path | None = None, readme: Path = Path("README.md"), docs: 
             refusing.
     """
     results = Path(results) if results is not None else REPO_ROOT / "results"
-    folders = sorted(path for path in results.glob("*") if (path / "records.jsonl").is_file())
+    # A study's folder, or one a study wrote inside another (``--results results/extra``); not a check of a
+    # few runs kept beside a study (records without a study.json).
+    studies = [path.parent for path in results.glob("*/*/study.json")]
+    folders = sorted(path for path in [*results.glob("*"), *studies] if (path / "records.jsonl").is_file())
     require(bool(folders),
             f"{results}: no <hardware>/records.jsonl (run `python -m modelwright study` first)")
     written = [path for folder in folders for path in generate(folder, plots=plots, allow_mixed=allow_mixed)]

@@ -10,7 +10,7 @@ from modelwright.fmt import DASH, duration, finite, pct, ratio, sig, table, usd
 from modelwright.measure.flops import datasheet_peaks
 from modelwright.planner.prices import DEFAULT_PRICES, GPU_NAMES, PRICE_SOURCE, MachinePrice, machine_price
 from modelwright.record import get_path
-from modelwright.study_rows import CONFIDENCE, LOSS_STEPS, BudgetRow, Row, div, provenance_group
+from modelwright.study_rows import CONFIDENCE, LOSS_STEPS, UNPAIRED, BudgetRow, Row, div, provenance_group
 from modelwright.techniques import setup_words
 
 __all__ = ["anatomy_table", "attention_table", "budget_table", "main_table", "scaleout_table", "setup_text"]
@@ -35,6 +35,8 @@ def interval_text(row: Row) -> str:
     """The paired interval on the row's step over its reference's, as a table cell."""
     if row is row.reference:
         return "reference"
+    if row.reference is not None and not row.paired:
+        return f"{DASH} ({UNPAIRED})"
     return f"{DASH} (1 repeat)" if row.interval is None else row.interval.text()
 
 
