@@ -221,7 +221,8 @@ def test_a_pickle_of_other_objects_is_never_unpickled_and_its_error_is_one_line(
     assert message.startswith(prefix + "Weights only load failed. This file can still be loaded")
     reason = message.removeprefix(prefix).removesuffix(")")
     assert message.endswith(")") and len(reason) == 200 and "\n" not in reason and "  " not in reason
-    assert "\x1b" not in message  # torch's terminal bold left out
+    assert "\x1b" not in message  # torch's terminal bold left out, and only that
+    assert "you have two options, do those steps only if you trust the source of the checkpoint." in message
 
 
 # -- the architecture a checkpoint holds ---------------------------------------------------------------------------
