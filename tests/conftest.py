@@ -137,9 +137,6 @@ def pytest_collection_modifyitems(config, items) -> None:
         modules[item.path.name] = getattr(item, "module", None)
         if item.name.startswith(SLOW.get(item.path.name, ())):
             item.add_marker(pytest.mark.slow)
-    # The slow tests first, so that a run of both tiers on two workers does not end on one worker's long test
-    # while the other idles (xdist hands out its units in this order, the shared ones first).
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     # A renamed test would silently leave the slow tier for the fast one: every name must still name a test.
     for name, module in modules.items():
         tests = [test for test in vars(module or object) if test.startswith("test")]
