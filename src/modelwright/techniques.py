@@ -485,10 +485,11 @@ def record_section(args: TechniqueArgs | None, network: nn.Module, loop: LoopFac
     micro-batch, accumulation, memory format, compile, optimizer kernel). Both loops and the study's failure
     records build it here."""
     asked = args or TechniqueArgs(optimizer="", gradient_checkpointing=OFF)
+    cls = network_class(network)
     section = {
         **measured,
-        "model_name": network_name(network),
-        "network": f"{network_class(network).__module__}.{network_class(network).__qualname__}",
+        "model_name": short_name(cls.__name__),
+        "network": f"{cls.__module__}.{cls.__qualname__}",
         "optimizer": asked.optimizer or None,
         "gradient_checkpointing": policy_label(asked.gradient_checkpointing),
         "checkpointed_segments": len(checkpointed_modules(network)),
