@@ -52,6 +52,19 @@ def test_config_trains(config, tmp_path):
     assert applied == expected, f"{config}: {applied}"
 
 
+def test_every_subcommand_is_listed_and_runs_though_a_run_builds_only_its_own(tmp_path, capsys):
+    """A run builds the parser of the subcommand it names and no other (ModelwrightCLI.subcommands): ``--help``
+    still lists all four, and ``validate`` still runs a validation."""
+    with pytest.raises(SystemExit) as help_exit:
+        cli_main(["--help"])
+    assert help_exit.value.code == 0
+    listed = capsys.readouterr().out
+    assert all(f"    {name} " in listed for name in ("fit", "validate", "test", "predict")), listed
+    args = fit_args(tmp_path, "--model.network", "SmallCNN")
+    assert cli_main(["validate", *args[1:]]) == 0
+    assert "val/acc" in capsys.readouterr().out
+
+
 def test_checkpointing_switched_off_by_its_flag(tmp_path, caplog):
     """base.yaml lists ModelCheckpoint callbacks; `--trainer.enable_checkpointing false` alone switches them
     off."""

@@ -275,13 +275,40 @@ def _cli_kwargs() -> dict:
     }
 
 
+def _named_subcommand(args: Any, run: bool) -> str | None:
+    """The subcommand (``fit``, ...) that ``args`` begin with, if they are a list that does."""
+    if not run or not isinstance(args, list) or not args:
+        return None
+    first = args[0]
+    return first if first in LightningCLI.subcommands() else None
+
+
+def _without_other_subcommands(parser_kwargs: dict, named: str) -> dict:
+    """``parser_kwargs`` less the parser arguments of the subcommands other than ``named``."""
+    others = set(LightningCLI.subcommands()) - {named}
+    return {key: value for key, value in parser_kwargs.items() if key not in others}
+
+
 class ModelwrightCLI(LightningCLI):
     """LightningCLI with the project's defaults, input checks, ``last`` resolution and precision report.
     Lightning's start-up lines are held until the run is known to be valid (``startup_logs``)."""
 
     def __init__(self, *args: Any, startup_logs: HeldLogs | None = None, **kwargs: Any) -> None:
         self.startup_logs = startup_logs or HeldLogs()
+        named = _named_subcommand(kwargs.get("args"), kwargs.get("run", True))
+        self.named_subcommand = named
+        if named is not None and "parser_kwargs" in kwargs:
+            kwargs["parser_kwargs"] = _without_other_subcommands(kwargs["parser_kwargs"], named)
         super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:
+        """Lightning's subcommands, or only the one the arguments begin with: each subcommand's parser takes
+        0.04 s to build, and a run or a resolved config needs one of the four (``--help`` before any still
+        lists them all)."""
+        every = LightningCLI.subcommands()
+        if self.named_subcommand is None:
+            return every
+        return {self.named_subcommand: every[self.named_subcommand]}
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(
