@@ -81,7 +81,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 #: then these.
 SLOW = {
     "test_distributed.py": ("",),
-    "test_study.py": ("test_tiny_study_", "test_a_rerun_skips_what_is_recorded", "test_a_killed_study_leaves_no_child"),
+    "test_study.py": ("test_tiny_study_", "test_a_rerun_skips_what_is_recorded", "test_a_killed_study_leaves_no_child",
+                      "test_a_users_job_is_studied_with_each_technique"),
     "test_overhead_benchmark.py": ("test_smoke_three_loops", "test_cpu_defaults_smoke"),
     "test_scripts.py": ("test_check_imports_resolves_the_plans",),
     "test_reliability.py": ("test_ddp_rank_failure_ends_the_job", "test_sigkill_at_every_kill_point",
@@ -90,7 +91,11 @@ SLOW = {
                                 "test_the_loop_trains_without_lightnings_trainer"),
     "test_bad_inputs.py": ("test_a_refused_run_prints_none_of_lightnings_startup_lines",),
     "test_runtime.py": ("test_retain_reuses_freed_memory",),
-    "test_planner.py": ("test_with_room_for_everything", "test_with_a_small_budget", "test_the_table_is_ordered"),
+    "test_planner.py": ("test_with_room_for_everything", "test_with_a_small_budget", "test_the_table_is_ordered",
+                        "test_cli_advisor_rehearses_the_job"),
+    # bf16 is emulated on CPUs without bf16 instructions: these two take 10 s there
+    "test_measure.py": ("test_resnet18_peak_activations_drop[bf16",),
+    "test_cli.py": ("test_config_trains[all.yaml]",),
     "test_predict.py": ("test_every_category_on_networks_the_project_does_not_ship",
                         "test_the_largest_batch_is_confirmed_by_runs",
                         "test_advisor_recommendation_fits", "test_the_vits_bf16_runs"),
@@ -103,7 +108,11 @@ SLOW = {
 #: id they rewrite.)
 SHARED = {
     "test_study.py": ("test_tiny_study_", "test_a_rerun_skips_what_is_recorded"),
-    "test_planner.py": ("test_with_room_for_everything", "test_with_a_small_budget", "test_the_table_is_ordered"),
+    "test_planner.py": ("test_with_room_for_everything", "test_with_a_small_budget", "test_the_table_is_ordered",
+                        "test_cli_advisor_rehearses_the_job"),
+    # bf16 is emulated on CPUs without bf16 instructions: these two take 10 s there
+    "test_measure.py": ("test_resnet18_peak_activations_drop[bf16",),
+    "test_cli.py": ("test_config_trains[all.yaml]",),
     "test_predict.py": ("test_advisor_recommendation_fits",),
     "test_distributed.py": ("",),
     "test_attention.py": ("",),
@@ -141,7 +150,8 @@ def pytest_collection_modifyitems(config, items) -> None:
     for name, module in modules.items():
         tests = [test for test in vars(module or object) if test.startswith("test")]
         named = (*SLOW.get(name, ()), *SHARED.get(name, ()))
-        missing = [prefix for prefix in named if not any(test.startswith(prefix) for test in tests)]
+        # a prefix may name one parameter of a test ("test_x[bf16"): its function must exist
+        missing = [prefix for prefix in named if not any(test.startswith(prefix.split("[")[0]) for test in tests)]
         if missing:
             raise pytest.UsageError(f"tests/conftest.py SLOW or SHARED names no test of {name}: {', '.join(missing)}")
 
