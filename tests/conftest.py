@@ -91,8 +91,7 @@ SLOW = {
                                 "test_the_loop_trains_without_lightnings_trainer"),
     "test_bad_inputs.py": ("test_a_refused_run_prints_none_of_lightnings_startup_lines",),
     "test_runtime.py": ("test_retain_reuses_freed_memory",),
-    "test_planner.py": ("test_with_room_for_everything", "test_with_a_small_budget", "test_the_table_is_ordered",
-                        "test_cli_advisor_rehearses_the_job"),
+    "test_planner.py": ("test_with_room_for_everything", "test_with_a_small_budget", "test_the_table_is_ordered"),
     # bf16 is emulated on CPUs without bf16 instructions: these two take 10 s there
     "test_measure.py": ("test_resnet18_peak_activations_drop[bf16",),
     "test_cli.py": ("test_config_trains[all.yaml]",),
@@ -108,8 +107,7 @@ SLOW = {
 #: id they rewrite.)
 SHARED = {
     "test_study.py": ("test_tiny_study_", "test_a_rerun_skips_what_is_recorded"),
-    "test_planner.py": ("test_with_room_for_everything", "test_with_a_small_budget", "test_the_table_is_ordered",
-                        "test_cli_advisor_rehearses_the_job"),
+    "test_planner.py": ("test_with_room_for_everything", "test_with_a_small_budget", "test_the_table_is_ordered"),
     # bf16 is emulated on CPUs without bf16 instructions: these two take 10 s there
     "test_measure.py": ("test_resnet18_peak_activations_drop[bf16",),
     "test_cli.py": ("test_config_trains[all.yaml]",),
@@ -117,6 +115,16 @@ SHARED = {
     "test_distributed.py": ("",),
     "test_attention.py": ("",),
 }
+
+
+#: The longest of the slow tests that no other test shares a fixture with, longest first, as in SLOW: each is
+#: handed to a worker before any shorter one, so that neither worker is left with one of them at the end while
+#: the other waits (pytest-xdist hands out the groups of SHARED first, the largest first).
+LONGEST = (
+    ("test_scripts.py", "test_check_imports_resolves_the_plans"),  # 100 s
+    ("test_reliability.py", "test_sigkill_at_every_kill_point"),  # 45 s
+    ("test_overhead_benchmark.py", "test_smoke_three_loops"),  # 30 s
+)
 
 
 def scheduling_unit(nodeid: str) -> str:
@@ -140,16 +148,25 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedFixtureScheduling(config, log)
 
 
+def _rank_by_length(item) -> int:
+    """An item's place in LONGEST (its length if it is not there): a stable sort puts those first, in order."""
+    for rank, (file, prefix) in enumerate(LONGEST):
+        if item.path.name == file and item.name.startswith(prefix):
+            return rank
+    return len(LONGEST)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     modules = {}
     for item in items:
         modules[item.path.name] = getattr(item, "module", None)
         if item.name.startswith(SLOW.get(item.path.name, ())):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=_rank_by_length)
     # A renamed test would silently leave the slow tier for the fast one: every name must still name a test.
     for name, module in modules.items():
         tests = [test for test in vars(module or object) if test.startswith("test")]
-        named = (*SLOW.get(name, ()), *SHARED.get(name, ()))
+        named = (*SLOW.get(name, ()), *SHARED.get(name, ()), *(prefix for file, prefix in LONGEST if file == name))
         # a prefix may name one parameter of a test ("test_x[bf16"): its function must exist
         missing = [prefix for prefix in named if not any(test.startswith(prefix.split("[")[0]) for test in tests)]
         if missing:
