@@ -174,6 +174,22 @@ def test_window_overrides_hash_and_command():
     assert "--trainer.max_steps=6" in args and "--trainer.enable_checkpointing=false" in args
 
 
+@pytest.mark.parametrize("kind", ["run", "epoch", "budget"])
+@pytest.mark.parametrize("name", ["accumulate", "ddp"])
+def test_a_runs_config_is_what_its_command_line_resolves_to(name, kind):
+    """build_spec parses a row once and sets the window's values (or the epoch's) in the parsed config: that
+    config is the one LightningCLI resolves from the child's arguments (accumulation sets the window's batches;
+    two processes, the generated set's size)."""
+    default = plan.load_plan(REPO_ROOT / "configs/study/plan_default.yaml")
+    (entry,) = [entry for entry in default.entries if entry.name == name]
+    settings = _settings(warmup_steps=2, measured_steps=3, overrides={"data.train_size": 16})  # grown to the window
+    spec = plan.build_spec(entry, 0, settings, kind=kind, batch_size=8 if kind == "budget" else None)
+    assert kind == "epoch" or spec.overrides["data.train_size"] > 16
+    parsed = plan.resolve_config(spec.files, spec.overrides)
+    parsed["trainer"]["callbacks"] = spec.resolved["trainer"]["callbacks"]  # the study's own, patched after
+    assert parsed == spec.resolved
+
+
 def test_patch_callbacks_needs_the_run_monitor():
     with pytest.raises(ConfigError, match="trainer.callbacks: the study needs callbacks.run_monitor.RunMonitor"):
         plan.patch_callbacks([{"class_path": "callbacks.progress_bar.ThrottledProgressBar"}], 1, "r.json")

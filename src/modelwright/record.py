@@ -374,6 +374,22 @@ def get_path(mapping: Any, path: str, default: Any = None) -> Any:
     return mapping
 
 
+
+def with_values(config: Mapping, values: Mapping[str, Any]) -> dict:
+    """A copy of ``config`` (resolved, nested) with dotted ``values`` set; a section given by class path takes
+    them in its ``init_args``."""
+    changed = json.loads(json.dumps(to_jsonable(config)))
+    for key, value in values.items():
+        section, name = key.split(".", 1)
+        target = changed.setdefault(section, {})
+        if isinstance(target.get("init_args"), dict) and name.split(".")[0] not in target:
+            target = target["init_args"]
+        *parents, last = name.split(".")
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[last] = value
+    return changed
+
 def now_iso() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 

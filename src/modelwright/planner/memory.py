@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from modelwright.errors import require
-from modelwright.record import get_path, to_jsonable
+from modelwright.record import get_path, with_values
 from modelwright.techniques import OPTIMIZERS, PRECISIONS, precision
 
 MIB = 2**20
@@ -86,22 +86,6 @@ def state_bytes_per_rank(num_params: float, state: ParamStateBytes, strategy: st
 
 
 # --- the peak of a config, by rehearsal ----------------------------------------------------------------
-
-
-def with_values(config: Mapping, values: Mapping[str, Any]) -> dict:
-    """``config`` (resolved, nested) with dotted ``values`` set; a section given by class path takes them
-    in its ``init_args``."""
-    changed = json.loads(json.dumps(to_jsonable(config)))
-    for key, value in values.items():
-        section, name = key.split(".", 1)
-        target = changed.setdefault(section, {})
-        if isinstance(target.get("init_args"), dict) and name.split(".")[0] not in target:
-            target = target["init_args"]
-        *parents, last = name.split(".")
-        for parent in parents:
-            target = target.setdefault(parent, {})
-        target[last] = value
-    return changed
 
 
 @functools.lru_cache(maxsize=64)
