@@ -108,9 +108,6 @@ SLOW = {
 SHARED = {
     "test_study.py": ("test_tiny_study_", "test_a_rerun_skips_what_is_recorded"),
     "test_planner.py": ("test_with_room_for_everything", "test_with_a_small_budget", "test_the_table_is_ordered"),
-    # bf16 is emulated on CPUs without bf16 instructions: these two take 10 s there
-    "test_measure.py": ("test_resnet18_peak_activations_drop[bf16",),
-    "test_cli.py": ("test_config_trains[all.yaml]",),
     "test_predict.py": ("test_advisor_recommendation_fits",),
     "test_distributed.py": ("",),
     "test_attention.py": ("",),

@@ -374,7 +374,6 @@ def get_path(mapping: Any, path: str, default: Any = None) -> Any:
     return mapping
 
 
-
 def with_values(config: Mapping, values: Mapping[str, Any]) -> dict:
     """A copy of ``config`` (resolved, nested) with dotted ``values`` set; a section given by class path takes
     them in its ``init_args``."""
@@ -389,6 +388,7 @@ def with_values(config: Mapping, values: Mapping[str, Any]) -> dict:
             target = target.setdefault(parent, {})
         target[last] = value
     return changed
+
 
 def now_iso() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")

@@ -324,13 +324,18 @@ def _files(entry: Entry, settings: Settings) -> list[str]:
     return [*settings.job, *([entry.config] if entry.config else [])]
 
 
+def _resolved_row(entry: Entry, settings: Settings, overrides: Mapping[str, Any]) -> dict:
+    """``entry``'s files with ``overrides``, resolved; a refusal names the row."""
+    try:
+        return resolve_config(_files(entry, settings), overrides)
+    except ConfigError as err:
+        raise ConfigError(f"runs.{entry.name}: {err}") from None
+
+
 def _accumulation(entry: Entry, settings: Settings, overrides: Mapping[str, Any]) -> dict[str, Any]:
     """``accumulate: N``: N micro-batches per optimizer step, each the job's batch divided by N (the same
     effective batch)."""
-    try:
-        job = resolve_config(_files(entry, settings), overrides)
-    except ConfigError as err:
-        raise ConfigError(f"runs.{entry.name}: {err}") from None
+    job = _resolved_row(entry, settings, overrides)
     batch = get_path(job, "data.batch_size")
     micro, left = divmod(batch, entry.accumulate) if isinstance(batch, int) else (0, 1)
     require(micro > 0 and left == 0, f"runs.{entry.name}.accumulate: {entry.accumulate} does not divide the "
@@ -352,11 +357,7 @@ def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, ki
         overrides.update({"data.batch_size": batch_size, "trainer.accumulate_grad_batches": 1})
         measured = 0
         val_batches = 0
-    files = _files(entry, settings)
-    try:
-        draft = resolve_config(files, overrides)
-    except ConfigError as err:
-        raise ConfigError(f"runs.{entry.name}: {err}") from None
+    draft = _resolved_row(entry, settings, overrides)
     accumulate = _positive(get_path(draft, "trainer.accumulate_grad_batches"))
     # Warm-up steps, the anatomy step (left out of the timing), the measured steps: one short epoch, then
     # validation.
@@ -377,8 +378,9 @@ def build_spec(entry: Entry, index: int, settings: Settings, repeat: int = 0, ki
     resolved = with_values(draft, window)
     resolved["trainer"]["callbacks"] = patch_callbacks(resolved["trainer"].get("callbacks"),
                                                        settings.warmup_steps)
+    files = tuple(_files(entry, settings))
     return RunSpec(entry.name, kind, index, repeat, entry.config, overrides, resolved,
-                   _config_hash(resolved, settings.slug), measured, dict(extra or {}), tuple(files))
+                   _config_hash(resolved, settings.slug), measured, dict(extra or {}), files)
 
 
 def build_epoch_spec(entry: Entry, index: int, settings: Settings) -> RunSpec:
@@ -391,17 +393,13 @@ def build_epoch_spec(entry: Entry, index: int, settings: Settings) -> RunSpec:
         "trainer.enable_checkpointing": False, "trainer.enable_progress_bar": False,
         "trainer.enable_model_summary": False,
     }
-    files = _files(entry, settings)
-    try:
-        draft = resolve_config(files, overrides)  # the timed run's draft: parsed once for both
-    except ConfigError as err:
-        raise ConfigError(f"runs.{entry.name}: {err}") from None
+    draft = _resolved_row(entry, settings, overrides)  # the timed run's draft: parsed once for both
     overrides.update(epoch)
     resolved = with_values(draft, epoch)
     resolved["trainer"]["callbacks"] = patch_callbacks(resolved["trainer"].get("callbacks"),
                                                        settings.warmup_steps, anatomy=False)
     return RunSpec(entry.name, "epoch", index, 0, entry.config, overrides, resolved,
-                   _config_hash(resolved, settings.slug), 0, {}, tuple(files))
+                   _config_hash(resolved, settings.slug), 0, {}, tuple(_files(entry, settings)))
 
 
 def command(spec: RunSpec, run_dir: Path) -> list[str]:
